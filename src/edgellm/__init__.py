@@ -1,0 +1,27 @@
+"""edgellm: on-device LLM inference. `edgellm.load(name_or_path)` is the entry point.
+
+Heavy names (anything touching torch) are imported on first use, so `import edgellm`
+and the CLI's argument checking stay fast."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from edgellm.errors import (ContextOverflow, EdgeLLMError, InvalidRequest, ModelFormatError,
+                            ModelNotFound, UnsupportedModel)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load": "edgellm.model", "Model": "edgellm.model", "ModelInfo": "edgellm.model",
+    "Completion": "edgellm.generate", "SamplingParams": "edgellm.generate",
+    "Timings": "edgellm.generate", "TokenEvent": "edgellm.generate",
+}
+__all__ = ["ContextOverflow", "EdgeLLMError", "InvalidRequest", "ModelFormatError", "ModelNotFound",
+           "UnsupportedModel", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'edgellm' has no attribute {name!r}")

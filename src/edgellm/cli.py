@@ -1,0 +1,202 @@
+"""`edgellm run | chat | info`. Errors become one line on stderr and a non-zero exit code."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound,
+                            UnsupportedModel)
+from edgellm.registry import DEFAULT_MODEL, REGISTRY
+
+# One place maps error types to exit codes (argparse itself exits 2 on bad flags).
+EXIT_CODES: list[tuple[type[Exception], int]] = [
+    (InvalidRequest, 2), (ModelNotFound, 3), (ModelFormatError, 4), (UnsupportedModel, 5), (EdgeLLMError, 1),
+]
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    names = ", ".join(REGISTRY)
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"registered name ({names}) or a .gguf path")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    p.add_argument("--mode", choices=("fast", "exact"), default="fast",
+                   help="fast: packed 4-bit weights, bf16 matmuls; exact: fp32 reference")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("-t", "--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                stop=tuple(args.stop))
+
+
+def _load(args: argparse.Namespace):
+    from edgellm.model import load  # imports torch: keep `--help` and argument errors fast
+
+    print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    model = load(args.model, mode=args.mode, threads=args.threads)
+    print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
+    return model
+
+
+def _print_stream(events) -> Any:
+    from edgellm.generate import Completion
+
+    for event in events:
+        if isinstance(event, Completion):
+            print(event.tail, flush=True)
+            return event
+        print(event.text, end="", flush=True)
+
+
+def _stats(done) -> str:
+    t = done.timings
+    return (f"[{t.prompt_tokens} prompt tokens, {t.completion_tokens} generated, finish={done.finish_reason}; "
+            f"TTFT {t.ttft_s * 1000:.0f} ms, prefill {t.prefill_tokens_per_s:.0f} tok/s, "
+            f"decode {t.decode_tokens_per_s:.1f} tok/s, peak RSS {t.peak_rss_bytes / 2**20:.0f} MiB]")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    from edgellm.generate import SamplingParams
+
+    SamplingParams(**sampling)  # reject bad flags before spending time on loading
+    with _load(args) as model:
+        if args.raw:
+            events = model.stream(args.prompt, **sampling)
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            events = model.chat(messages + [{"role": "user", "content": args.prompt}], stream=True, **sampling)
+        if args.json:
+            done = _last(events)
+            print(json.dumps({"text": done.text, "finish_reason": done.finish_reason,
+                              "token_ids": list(done.token_ids), "timings": _timings_dict(done.timings)}))
+        else:
+            done = _print_stream(events)
+            if not args.quiet:
+                print(_stats(done), file=sys.stderr)
+    return 0
+
+
+def _last(events):
+    for event in events:
+        pass
+    return event
+
+
+def _timings_dict(t) -> dict[str, float]:
+    return {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens, "ttft_s": t.ttft_s,
+            "prefill_tokens_per_s": t.prefill_tokens_per_s, "decode_tokens_per_s": t.decode_tokens_per_s,
+            "peak_rss_bytes": t.peak_rss_bytes}
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    with _load(args) as model:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        print("chat with the model; /reset clears the conversation, /exit or Ctrl-D quits", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print(file=sys.stderr)
+                return 0
+            if line.strip() in ("/exit", "/quit"):
+                return 0
+            if line.strip() == "/reset":
+                messages = messages[:1] if args.system else []
+                continue
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line})
+            done = _print_stream(model.chat(messages, stream=True, **sampling))
+            messages.append({"role": "assistant", "content": done.text})
+            if args.verbose:
+                print(_stats(done), file=sys.stderr)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from edgellm.formats.gguf import open_gguf
+    from edgellm.model import describe
+    from edgellm.registry import resolve
+
+    with open_gguf(resolve(args.model)) as source:
+        info = describe(source)
+    if args.json:
+        print(json.dumps(info.as_dict(), indent=2))
+        return 0
+    types = ", ".join(f"{name}×{count}" for name, count in info.tensor_types.items())
+    rows = [("file", info.path), ("name", info.name), ("architecture", info.architecture),
+            ("file size", f"{info.file_bytes / 2**20:.1f} MiB"), ("parameters", f"{info.parameters / 1e6:.1f} M"),
+            ("tensor types", types), ("context length", str(info.context_length)),
+            ("KV bytes per token", f"{info.kv_bytes_per_token} (fp32 K+V, all layers)")]
+    for key, value in rows:
+        print(f"{key:>20}  {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgellm", description="On-device LLM inference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="generate a reply to one prompt, streamed to the terminal")
+    run.add_argument("prompt")
+    run.add_argument("--system", default=None, help="system message (chat mode)")
+    run.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
+    run.add_argument("--json", action="store_true", help="print the completion and timings as JSON")
+    run.add_argument("-q", "--quiet", action="store_true", help="no statistics line")
+    _add_model_args(run)
+    _add_sampling_args(run)
+    run.set_defaults(func=cmd_run)
+
+    chat = sub.add_parser("chat", help="interactive chat that keeps the conversation")
+    chat.add_argument("--system", default=None)
+    chat.add_argument("-v", "--verbose", action="store_true", help="statistics after each reply")
+    _add_model_args(chat)
+    _add_sampling_args(chat)
+    chat.set_defaults(func=cmd_chat)
+
+    info = sub.add_parser("info", help="describe a model file")
+    info.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - translated below, re-raised if not ours
+        code = _exit_code(error)
+        if code is None:
+            raise
+        print(f"edgellm: error: {error}", file=sys.stderr)
+        return code
+
+
+def _exit_code(error: Exception) -> int | None:
+    for kind, code in EXIT_CODES:
+        if isinstance(error, kind):
+            return code
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

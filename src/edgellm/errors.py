@@ -1,0 +1,42 @@
+"""Every error edgellm raises on purpose; the CLI and server translate these in one place each."""
+from __future__ import annotations
+
+
+class EdgeLLMError(Exception):
+    """Base of all deliberate edgellm errors."""
+
+
+class ModelFormatError(EdgeLLMError):
+    """A model file is not what it claims to be (corrupt, truncated, unsupported)."""
+
+    def __init__(self, path: object, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class ModelNotFound(EdgeLLMError):
+    """A model name or path that resolves to nothing."""
+
+
+class UnsupportedModel(EdgeLLMError):
+    """A valid file whose architecture or tensor type edgellm cannot run."""
+
+
+class InvalidRequest(EdgeLLMError):
+    """Bad generation arguments (negative max_tokens, top_p outside (0, 1], ...)."""
+
+
+class ContextOverflow(InvalidRequest):
+    """The prompt does not fit in the model's context window."""
+
+    def __init__(self, prompt_tokens: int, context_size: int):
+        self.prompt_tokens = prompt_tokens
+        self.context_size = context_size
+        super().__init__(
+            f"prompt has {prompt_tokens} tokens but the context holds {context_size}"
+        )
+
+
+class TokenizerError(EdgeLLMError):
+    """A model's tokenizer or chat template that edgellm cannot build or use."""

@@ -1,0 +1,229 @@
+"""GGUF reader: map the file once, validate every header field, hand out tensors as views.
+
+Layout (little-endian): magic "GGUF", u32 version, u64 tensor_count, u64 kv_count,
+kv_count × (string key, u32 value_type, value), tensor_count × (string name, u32 n_dims,
+u64 dims[n_dims], u32 ggml_type, u64 offset), padding to `general.alignment`, tensor data.
+A string is u64 length + UTF-8 bytes; an array is u32 element type + u64 count + elements.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgellm.errors import ModelFormatError
+from edgellm.quant.ggml import GGMLType, tensor_nbytes
+
+MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+_MAX_NESTING = 4
+
+# value_type -> (struct code, numpy dtype) for the fixed-size scalar types
+_SCALARS: dict[int, tuple[str, str]] = {
+    0: ("B", "<u1"), 1: ("b", "<i1"), 2: ("H", "<u2"), 3: ("h", "<i2"),
+    4: ("I", "<u4"), 5: ("i", "<i4"), 6: ("f", "<f4"), 7: ("?", "<u1"),
+    10: ("Q", "<u8"), 11: ("q", "<i8"), 12: ("d", "<f8"),
+}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # torch order: outermost first (GGUF stores innermost first)
+    ggml_type: int
+    offset: int  # absolute, from the start of the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGMLType(self.ggml_type).name
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+
+class _Cursor:
+    """Bounds-checked sequential reads over the mapped header."""
+
+    def __init__(self, buf: mmap.mmap, path: Path):
+        self.buf, self.path, self.pos, self.size = buf, path, 0, len(buf)
+
+    def fail(self, problem: str) -> ModelFormatError:
+        return ModelFormatError(self.path, problem)
+
+    def take(self, n: int, what: str) -> int:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"truncated: {what} at byte {self.pos} needs {n} bytes, file has {self.size}")
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def scalar(self, code: str, what: str) -> Any:
+        start = self.take(struct.calcsize(code), what)
+        return struct.unpack_from("<" + code, self.buf, start)[0]
+
+    def string(self, what: str) -> str:
+        length = self.scalar("Q", what)
+        start = self.take(length, what)
+        try:
+            return self.buf[start:start + length].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.fail(f"{what} is not valid UTF-8 ({e.reason} at byte {start + e.start})") from None
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype][0], what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY and depth < _MAX_NESTING:
+            return self.array(what, depth + 1)
+        raise self.fail(f"{what} has unknown value type {vtype}")
+
+    def array(self, what: str, depth: int) -> Any:
+        etype = self.scalar("I", what)
+        count = self.scalar("Q", what)
+        if etype in _SCALARS:
+            code, dtype = _SCALARS[etype]
+            start = self.take(count * struct.calcsize(code), what)
+            values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy()
+            return values.astype(bool) if etype == 7 else values
+        if count > self.size - self.pos:  # every element takes at least one byte
+            raise self.fail(f"{what} claims {count} elements, more than the file can hold")
+        return [self.value(etype, f"{what}[{i}]", depth) for i in range(count)]
+
+
+class GGUFFile:
+    """A memory-mapped, validated GGUF file. Tensors are zero-copy views into the mapping."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                # ACCESS_COPY: private mapping, so torch gets a writable buffer without
+                # copying; pages stay shared with the page cache until written (never).
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise ModelFormatError(self.path, "no such file") from None
+        except (ValueError, OSError) as e:  # ValueError: empty file cannot be mapped
+            raise ModelFormatError(self.path, f"cannot map file ({e})") from None
+        try:
+            self._parse()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- parsing -------------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        cur = _Cursor(self._map, self.path)
+        if cur.size < 24 or self._map[:4] != MAGIC:
+            raise cur.fail("not a GGUF file (bad magic)")
+        cur.take(4, "magic")
+        self.version = cur.scalar("I", "version")
+        if self.version not in SUPPORTED_VERSIONS:
+            raise cur.fail(f"unsupported GGUF version {self.version} (supported: 2, 3)")
+        n_tensors = cur.scalar("Q", "tensor count")
+        n_kv = cur.scalar("Q", "metadata count")
+        # Each entry needs well over 8 bytes; bigger counts are corruption, not large models.
+        if n_tensors > cur.size // 8 or n_kv > cur.size // 8:
+            raise cur.fail(f"implausible counts: {n_tensors} tensors, {n_kv} metadata entries")
+        self.metadata = self._read_metadata(cur, n_kv)
+        self.alignment = self._alignment(cur)
+        infos = [self._read_tensor_info(cur, i) for i in range(n_tensors)]
+        self.data_offset = -(-cur.pos // self.alignment) * self.alignment
+        self.tensors = self._place_tensors(cur, infos)
+
+    def _read_metadata(self, cur: _Cursor, n_kv: int) -> dict[str, Any]:
+        metadata: dict[str, Any] = {}
+        for i in range(n_kv):
+            key = cur.string(f"metadata key #{i}")
+            if key in metadata:
+                raise cur.fail(f"duplicate metadata key {key!r}")
+            vtype = cur.scalar("I", f"type of {key!r}")
+            metadata[key] = cur.value(vtype, f"metadata {key!r}")
+        return metadata
+
+    def _alignment(self, cur: _Cursor) -> int:
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise cur.fail(f"general.alignment {alignment!r} is not a positive power of two")
+        return alignment
+
+    def _read_tensor_info(self, cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], int, int]:
+        name = cur.string(f"tensor name #{index}")
+        n_dims = cur.scalar("I", f"dims of {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.fail(f"tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        dims = [cur.scalar("Q", f"dims of {name!r}") for _ in range(n_dims)]
+        if any(d == 0 or d > cur.size * 256 for d in dims):
+            raise cur.fail(f"tensor {name!r} has impossible dimensions {dims}")
+        ggml_type = cur.scalar("I", f"type of {name!r}")
+        offset = cur.scalar("Q", f"offset of {name!r}")
+        return name, tuple(reversed(dims)), ggml_type, offset
+
+    def _place_tensors(self, cur: _Cursor, infos: list) -> dict[str, TensorInfo]:
+        tensors: dict[str, TensorInfo] = {}
+        for name, shape, ggml_type, offset in infos:
+            if name in tensors:
+                raise cur.fail(f"duplicate tensor name {name!r}")
+            try:
+                nbytes = tensor_nbytes(ggml_type, int(np.prod(shape, dtype=np.uint64)))
+            except ValueError as e:
+                raise cur.fail(f"tensor {name!r}: {e}") from None
+            if offset % self.alignment:
+                raise cur.fail(f"tensor {name!r} offset {offset} is not aligned to {self.alignment}")
+            start = self.data_offset + offset
+            if start + nbytes > cur.size:
+                raise cur.fail(
+                    f"truncated: tensor {name!r} needs bytes {start}..{start + nbytes}, "
+                    f"file has {cur.size}")
+            tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes)
+        _check_no_overlap(cur, tensors.values())
+        return tensors
+
+    # -- access --------------------------------------------------------------------------
+
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor's bytes as a 1-D uint8 view into the mapping (no copy)."""
+        info = self.tensors[name]
+        return torch.frombuffer(self._map, dtype=torch.uint8, count=info.nbytes, offset=info.offset)
+
+    @property
+    def file_size(self) -> int:
+        return len(self._map)
+
+    def close(self) -> None:
+        """Release the mapping. Views handed out earlier keep their pages alive until freed."""
+        mapping = getattr(self, "_map", None)
+        if mapping is not None and not mapping.closed:
+            try:
+                mapping.close()
+            except BufferError:  # tensors still export the buffer; the OS unmaps when they die
+                pass
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_no_overlap(cur: _Cursor, tensors) -> None:
+    previous = None
+    for info in sorted(tensors, key=lambda t: t.offset):
+        if previous is not None and info.offset < previous.offset + previous.nbytes:
+            raise cur.fail(f"tensors {previous.name!r} and {info.name!r} overlap")
+        previous = info
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """Map and validate a GGUF file; raises ModelFormatError naming the file and the problem."""
+    return GGUFFile(path)

@@ -1,0 +1,45 @@
+"""What generation yields: one TokenEvent per generated token, then one Completion."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Timings:
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float  # request start -> first generated token
+    prefill_s: float
+    decode_s: float  # first token -> last token
+    peak_rss_bytes: int
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        steps = self.completion_tokens - 1  # the first token comes from prefill
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str  # the text this token releases; "" while bytes or a possible stop are held back
+
+
+@dataclass(frozen=True)
+class Completion:
+    finish_reason: FinishReason
+    text: str  # the whole completion
+    token_ids: tuple[int, ...]
+    tail: str  # text released at the end that no TokenEvent carried (flushed hold-back)
+    timings: Timings
+    stop: str | int | None = None  # the stop string or EOS token id that ended generation
+
+
+GenerationEvent = TokenEvent | Completion

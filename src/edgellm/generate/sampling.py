@@ -1,0 +1,89 @@
+"""Logits -> next token. Small pure functions composed into one sampler; randomness comes
+only from an explicit, seeded generator, so the same seed gives the same text."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from edgellm.errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax)
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off; applied over prompt and output, as in HF
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequest(message)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    # Positive logits shrink, negative ones grow: both make seen tokens less likely.
+    picked = logits.gather(-1, seen)
+    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits.scatter(-1, seen, picked)
+
+
+def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def keep_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability mass reaches p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(descending=True)
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= p  # mass before this token already >= p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def keep_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(-1)
+    threshold = probs.max(-1, keepdim=True).values * min_p
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+class Sampler:
+    """Stateful only in its random generator; call with the 1-D logits of one position."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.generator = torch.Generator()
+        self.generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+
+    def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+        p = self.params
+        logits = logits.float()
+        if p.repetition_penalty != 1.0 and history:
+            logits = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), p.repetition_penalty)
+        if p.temperature == 0.0:
+            return int(logits.argmax())
+        logits = keep_min_p(keep_top_p(keep_top_k(logits / p.temperature, p.top_k), p.top_p), p.min_p)
+        probs = logits.softmax(-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))

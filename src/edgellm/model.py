@@ -1,0 +1,129 @@
+"""The Python API: `edgellm.load(name) -> Model`, then generate / stream / chat."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from edgellm.chat_template import ChatTemplate
+from edgellm.formats.gguf import GGUFFile, open_gguf
+from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
+from edgellm.models import build_model
+from edgellm.registry import resolve
+from edgellm.threads import configure_threads
+from edgellm.tokenizer import Tokenizer
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    architecture: str
+    name: str
+    file_bytes: int
+    parameters: int
+    tensor_types: dict[str, int]  # GGML type name -> tensor count
+    context_length: int
+    kv_bytes_per_token: int  # fp32 K and V over all layers
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def describe(source: GGUFFile) -> ModelInfo:
+    """What `edgellm info` shows; reads metadata and tensor infos only."""
+    meta, arch = source.metadata, source.metadata.get("general.architecture", "?")
+    get = lambda key, default=0: meta.get(f"{arch}.{key}", default)  # noqa: E731
+    heads = int(get("attention.head_count", 1))
+    head_dim = int(get("attention.key_length", int(get("embedding_length")) // max(heads, 1)))
+    kv_heads = int(get("attention.head_count_kv", heads))
+    return ModelInfo(
+        path=str(source.path), architecture=arch, name=str(meta.get("general.name", "")),
+        file_bytes=source.file_size,
+        parameters=sum(t.n_elements for t in source.tensors.values()),
+        tensor_types=dict(Counter(t.type_name for t in source.tensors.values()).most_common()),
+        context_length=int(get("context_length")),
+        kv_bytes_per_token=2 * int(get("block_count")) * kv_heads * head_dim * 4,
+    )
+
+
+class Model:
+    """A loaded model: weights mapped from the file, tokenizer and chat template from its metadata."""
+
+    def __init__(self, source: GGUFFile, mode: str = "fast", context_length: int | None = None):
+        self.source, self.path = source, Path(source.path)
+        self.tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
+        self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
+        self.net = build_model(source, self.tokenizer.vocab_size, mode)
+        self.config = self.net.config
+        self.context_length = min(context_length or self.config.context_length, self.config.context_length)
+        self.info = describe(source)
+
+    # -- generation ----------------------------------------------------------------------
+
+    def stream(self, prompt: str | Sequence[int], **sampling: Any) -> Iterator[GenerationEvent]:
+        """TokenEvents as tokens are generated, then one Completion. Sampling keywords are
+        SamplingParams fields (temperature, top_k, top_p, min_p, repetition_penalty, seed,
+        max_tokens, stop)."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return self._stream_ids(ids, sampling)
+
+    def generate(self, prompt: str | Sequence[int], **sampling: Any) -> Completion:
+        return _last(self.stream(prompt, **sampling))
+
+    def chat(self, messages: Sequence[Message], *, stream: bool = False, **sampling: Any):
+        """Render the conversation with the model's chat template and answer it."""
+        events = self._stream_ids(self.template.encode(messages), sampling)
+        return events if stream else _last(events)
+
+    def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
+        if isinstance(sampling.get("stop"), str):
+            sampling["stop"] = (sampling["stop"],)
+        params = SamplingParams(**{**sampling, "stop": tuple(sampling.get("stop") or ())})
+        return stream_generate(self.net, ids, params, token_bytes=self.tokenizer.token_bytes,
+                               eos_ids=self.tokenizer.eos_ids, context_length=self.context_length)
+
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        """Teacher-forced logits (T, V) for a token sequence (evaluation, parity checks)."""
+        from edgellm.kv import make_caches
+
+        with torch.inference_mode():
+            return self.net(torch.tensor([list(ids)]), make_caches(self.config.n_layers))[0]
+
+    def close(self) -> None:
+        """Drop the weights and release the file mapping."""
+        self.net = None
+        self.source.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _last(events: Iterator[GenerationEvent]) -> Completion:
+    for event in events:
+        if isinstance(event, Completion):
+            return event
+    raise RuntimeError("generation ended without a Completion")  # a bug, not bad input
+
+
+def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast",
+         threads: int | None = None, context_length: int | None = None) -> Model:
+    """Load a registered model name or a .gguf path.
+
+    mode "fast" keeps 4-bit weights packed and multiplies in bf16; "exact" dequantizes
+    everything to fp32 (slow; the reference for parity checks)."""
+    configure_threads(threads)
+    source = open_gguf(resolve(name_or_path))
+    try:
+        return Model(source, mode, context_length)
+    except BaseException:
+        source.close()
+        raise

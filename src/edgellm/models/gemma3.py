@@ -1,0 +1,142 @@
+"""Gemma 3 (text): Llama-like blocks with four norms per block, RMS-normed queries and
+keys, GELU-gated MLP, embeddings scaled by √d, and attention that alternates five
+sliding-window layers (local RoPE base) with one global layer (global RoPE base).
+
+    h = x + PostNorm_attn(Attn(RoPE(QNorm(W_q·n)), RoPE(KNorm(W_k·n)), W_v·n)),  n = PreNorm_attn(x)
+    y = h + PostNorm_mlp(W_down · (gelu_tanh(W_gate·m) ⊙ W_up·m)),              m = PreNorm_mlp(h)
+
+GGUF files store every Gemma norm weight as (1 + w), so the plain RMSNorm applies."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgellm.models.layers import RMSNorm, Rotary, apply_rotary, attention
+from edgellm.models.weights import Weights
+
+LOCAL_ROPE_BASE = 10_000.0  # Gemma 3's sliding layers; the file carries only the global base
+SLIDING_PATTERN = 6  # every sixth layer attends globally
+
+
+@dataclass(frozen=True)
+class Gemma3Config:
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    context_length: int
+    rms_eps: float
+    rope_base: float
+    rope_local_base: float
+    sliding_window: int
+    query_pre_attn_scalar: float
+    architecture: str = "gemma3"
+
+    @classmethod
+    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> Gemma3Config:
+        get = lambda key, default=None: meta.get(f"gemma3.{key}", default)  # noqa: E731
+        heads, head_dim = int(get("attention.head_count")), int(get("attention.key_length", 256))
+        return cls(
+            hidden_size=int(get("embedding_length")),
+            n_layers=int(get("block_count")),
+            n_heads=heads,
+            n_kv_heads=int(get("attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            intermediate_size=int(get("feed_forward_length")),
+            vocab_size=vocab_size,
+            context_length=int(get("context_length", 32768)),
+            rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_base=float(get("rope.freq_base", 1_000_000.0)),
+            rope_local_base=float(get("rope.local.freq_base", LOCAL_ROPE_BASE)),
+            sliding_window=int(get("attention.sliding_window", 4096)),
+            query_pre_attn_scalar=float(get("attention.query_pre_attn_scalar", head_dim)),
+        )
+
+    def is_sliding(self, layer: int) -> bool:
+        return (layer + 1) % SLIDING_PATTERN != 0
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Gemma3Config, w: Weights, prefix: str, sliding: bool):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.qkv_proj = w.linear(f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight")
+        self.o_proj = w.linear(f"{prefix}.attn_output.weight")
+        self.q_norm = RMSNorm(w.vector(f"{prefix}.attn_q_norm.weight"), cfg.rms_eps)
+        self.k_norm = RMSNorm(w.vector(f"{prefix}.attn_k_norm.weight"), cfg.rms_eps)
+        self.scale = cfg.query_pre_attn_scalar ** -0.5
+        self.window = cfg.sliding_window if sliding else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim,
+                                          self.n_kv_heads * self.head_dim], dim=-1)
+        q = self.q_norm(q.view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, Hq, T, D)
+        k = self.k_norm(k.view(b, t, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        start = cache.offset
+        k, v = cache.update_and_fetch(k, v)
+        out = attention(q, k, v, q_start=start, scale=self.scale, window=self.window)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, w: Weights, prefix: str):
+        super().__init__()
+        self.gate_up_proj = w.linear(f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight")
+        self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Gemma3Config, w: Weights, i: int):
+        super().__init__()
+        p, eps = f"blk.{i}", cfg.rms_eps
+        self.sliding = cfg.is_sliding(i)
+        self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), eps)
+        self.attn = Attention(cfg, w, p, self.sliding)
+        self.post_attn_norm = RMSNorm(w.vector(f"{p}.post_attention_norm.weight"), eps)
+        self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), eps)
+        self.mlp = MLP(w, p)
+        self.post_mlp_norm = RMSNorm(w.vector(f"{p}.post_ffw_norm.weight"), eps)
+
+    def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
+        h = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, cache))
+        return h + self.post_mlp_norm(self.mlp(self.mlp_norm(h)))
+
+
+class Gemma3(nn.Module):
+    def __init__(self, cfg: Gemma3Config, w: Weights):
+        super().__init__()
+        self.config = cfg
+        self.embed = w.embedding("token_embd.weight")
+        self.embed_scale = math.sqrt(cfg.hidden_size)
+        self.blocks = nn.ModuleList(Block(cfg, w, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
+        self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
+        self.rotary_local = Rotary(cfg.head_dim, cfg.rope_local_base)
+        self.rotary_global = Rotary(cfg.head_dim, cfg.rope_base)
+
+    def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
+        start = caches[0].offset
+        positions = torch.arange(start, start + tokens.shape[1])
+        rope_local, rope_global = self.rotary_local(positions), self.rotary_global(positions)
+        x = self.embed(tokens) * self.embed_scale
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, rope_local if block.sliding else rope_global, cache)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x)).float()

@@ -1,0 +1,62 @@
+"""Layers shared by every architecture: RMSNorm, rotary embeddings, attention over a cache."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · w, computed in fp32 whatever the input dtype."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight.float(), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight).to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding in the "rotate half" layout: dimension i pairs with i + d/2.
+
+    θ_i = base^(-2i/d), optionally divided by per-frequency factors (Llama 3.1 stores them
+    in the file as `rope_freqs`)."""
+
+    def __init__(self, head_dim: int, base: float, freq_factors: torch.Tensor | None = None):
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        if freq_factors is not None:
+            inv_freq = inv_freq / freq_factors.double()
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, d/2)
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, H, T, D); cos, sin: (T, D/2)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int,
+              scale: float, window: int | None = None) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention of new queries over cached keys.
+
+    q: (B, Hq, T, D) at positions q_start..q_start+T-1; k, v: (B, Hkv, S, D) at 0..S-1.
+    A key is visible when k_pos <= q_pos and, with a window, q_pos - k_pos < window."""
+    t, s = q.shape[2], k.shape[2]
+    mask = None
+    if t > 1 or (window is not None and s > window):
+        q_pos = torch.arange(q_start, q_start + t)[:, None]
+        k_pos = torch.arange(s)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= (q_pos - k_pos) < window
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)

@@ -1,0 +1,138 @@
+"""Llama family (Llama 2/3, SmolLM2, Qwen2): pre-norm blocks of grouped-query attention
+with rotary positions and a SwiGLU MLP.
+
+    h = x + W_o · Attn(RoPE(W_q·n), RoPE(W_k·n), W_v·n),   n = RMSNorm(x)
+    y = h + W_down · (silu(W_gate·m) ⊙ W_up·m),            m = RMSNorm(h)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgellm.models.layers import RMSNorm, Rotary, apply_rotary, attention
+from edgellm.models.weights import Weights
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    architecture: str
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    context_length: int
+    rms_eps: float
+    rope_base: float
+
+    @classmethod
+    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> LlamaConfig:
+        arch = meta["general.architecture"]
+        get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
+        hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+        return cls(
+            architecture=arch,
+            hidden_size=hidden,
+            n_layers=int(get("block_count")),
+            n_heads=heads,
+            n_kv_heads=int(get("attention.head_count_kv", heads)),
+            head_dim=int(get("attention.key_length", hidden // heads)),
+            intermediate_size=int(get("feed_forward_length")),
+            vocab_size=vocab_size,
+            context_length=int(get("context_length", 4096)),
+            rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=float(get("rope.freq_base", 10000.0)),
+        )
+
+
+def unpermute_rows(n_heads: int, head_dim: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's rotary pairs for Llama q/k weights;
+    this row order restores the rotate-half layout (row h·d + s·d/2 + i <- h·d + 2i + s)."""
+    h, s, i = torch.meshgrid(torch.arange(n_heads), torch.arange(2), torch.arange(head_dim // 2), indexing="ij")
+    return (h * head_dim + 2 * i + s).reshape(-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, w: Weights, prefix: str, permuted: bool):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        names = [f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight"]
+        rows = {}
+        if permuted:
+            rows = {names[0]: unpermute_rows(cfg.n_heads, cfg.head_dim),
+                    names[1]: unpermute_rows(cfg.n_kv_heads, cfg.head_dim)}
+        self.qkv_proj = w.linear(*names, rows=rows)  # fused q, k, v
+        self.qkv_bias = w.bias(*(n.replace(".weight", ".bias") for n in names))  # Qwen2 has one
+        self.o_proj = w.linear(f"{prefix}.attn_output.weight")
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
+        b, t, _ = x.shape
+        qkv = self.qkv_proj(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim,
+                             self.n_kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
+        k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        start = cache.offset
+        k, v = cache.update_and_fetch(k, v)
+        out = attention(q, k, v, q_start=start, scale=self.scale)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, w: Weights, prefix: str):
+        super().__init__()
+        self.gate_up_proj = w.linear(f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight")
+        self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig, w: Weights, i: int, permuted: bool):
+        super().__init__()
+        p = f"blk.{i}"
+        self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), cfg.rms_eps)
+        self.attn = Attention(cfg, w, p, permuted)
+        self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), cfg.rms_eps)
+        self.mlp = MLP(w, p)
+
+    def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm(x), rope, cache)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig, w: Weights):
+        super().__init__()
+        self.config = cfg
+        permuted = cfg.architecture == "llama"  # Qwen2 files keep the HF layout
+        self.embed = w.embedding("token_embd.weight")
+        self.blocks = nn.ModuleList(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
+        self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
+        factors = w.vector("rope_freqs.weight") if w.has("rope_freqs.weight") else None
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_base, factors)
+
+    def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
+        start = caches[0].offset
+        rope = self.rotary(torch.arange(start, start + tokens.shape[1]))
+        x = self.embed(tokens)
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, rope, cache)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x)).float()

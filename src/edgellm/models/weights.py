@@ -1,0 +1,75 @@
+"""The bridge from a model file to modules: names in, norms / linears / embeddings out.
+
+Models ask for weights by their GGUF names; they never see bytes or files."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+import torch
+
+from edgellm.errors import ModelFormatError
+from edgellm.quant.embedding import QuantEmbedding
+from edgellm.quant.ggml import dequantize
+from edgellm.quant.linear import make_fused_linear, make_linear
+
+
+class TensorSource(Protocol):
+    """What a format reader offers (GGUFFile does): metadata, tensor infos, raw bytes."""
+
+    path: Any
+    metadata: Mapping[str, Any]
+    tensors: Mapping[str, Any]
+
+    def raw(self, name: str) -> torch.Tensor: ...
+
+
+class Weights:
+    """Hands out a model's weights in the representation `mode` asks for.
+
+    mode "exact": fp32 everything (reference grade); "fast": 4-bit formats stay packed
+    INT4, others become bf16, and matmul inputs are bf16."""
+
+    def __init__(self, source: TensorSource, mode: str):
+        if mode not in ("exact", "fast"):
+            raise ValueError(f"unknown precision mode {mode!r} (exact, fast)")
+        self.source, self.mode = source, mode
+
+    def has(self, name: str) -> bool:
+        return name in self.source.tensors
+
+    def _info(self, name: str):
+        info = self.source.tensors.get(name)
+        if info is None:
+            raise ModelFormatError(self.source.path, f"missing tensor {name!r}")
+        return info
+
+    def _part(self, name: str, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, int, tuple]:
+        info = self._info(name)
+        raw = self.source.raw(name)
+        if rows is not None:  # reorder output rows; each row is whole blocks, so lossless
+            raw = raw.view(info.shape[0], -1)[rows].reshape(-1)
+        return raw, info.ggml_type, info.shape
+
+    def vector(self, name: str) -> torch.Tensor:
+        raw, ggml_type, shape = self._part(name)
+        return dequantize(raw, ggml_type, shape)
+
+    def linear(self, *names: str, rows: Mapping[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        """One linear for one name; several names are fused along the output dimension."""
+        rows = rows or {}
+        parts = [self._part(n, rows.get(n)) for n in names]
+        for n, (_, _, shape) in zip(names, parts):
+            if len(shape) != 2:
+                raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
+        if len(parts) == 1:
+            return make_linear(*parts[0], mode=self.mode)
+        return make_fused_linear(parts, mode=self.mode)
+
+    def bias(self, *names: str) -> torch.Tensor | None:
+        if not all(self.has(n) for n in names):
+            return None
+        return torch.cat([self.vector(n) for n in names])
+
+    def embedding(self, name: str) -> QuantEmbedding:
+        raw, ggml_type, shape = self._part(name)
+        return QuantEmbedding(raw, ggml_type, shape)

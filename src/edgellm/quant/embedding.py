@@ -1,0 +1,34 @@
+"""Token embeddings that stay in their file format: rows are dequantized when looked up."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edgellm.quant.ggml import dequantize
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding table kept as raw GGUF rows (any block type whose blocks tile a row).
+
+    Only the looked-up rows are ever dequantized, so a 262k-row table costs its file
+    bytes, not 4 bytes per weight."""
+
+    def __init__(self, raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]):
+        super().__init__()
+        self.ggml_type = ggml_type
+        self.num_embeddings, self.dim = shape
+        self.rows = raw.view(self.num_embeddings, -1)  # (V, bytes per row), still a view
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        picked = self.rows.index_select(0, flat).reshape(-1)
+        out = dequantize(picked, self.ggml_type, (flat.numel(), self.dim))
+        return out.reshape(*ids.shape, self.dim)
+
+    def dequantized(self) -> torch.Tensor:
+        """The whole table in fp32 (for a tied output head)."""
+        return dequantize(self.rows.reshape(-1), self.ggml_type, (self.num_embeddings, self.dim))
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel()

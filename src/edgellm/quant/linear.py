@@ -1,0 +1,197 @@
+"""Linear layers built from GGML weights: dense (fp32 or bf16) and packed 4-bit.
+
+Weights are (N, K) = (out_features, in_features); forward takes (..., K) and
+returns (..., N) in the input's dtype.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ggml import INT4_GROUP, INT4_TYPES, dequantize, int4_affine, type_name
+
+__all__ = [
+    "MODES",
+    "DenseLinear",
+    "Int4Linear",
+    "WeightPart",
+    "make_linear",
+    "make_fused_linear",
+]
+
+MODES = ("exact", "fast")
+
+# (raw bytes, ggml type, torch-order shape (N, K)) of one GGUF weight.
+WeightPart = tuple[torch.Tensor, int, tuple[int, int]]
+
+# The CPU int4 kernel packs rows in blocks of 64 (AVX-512) or 32 (AVX2) and
+# handles tails only in steps of 16, so N must be a multiple of 16; K must be a
+# whole number of 32-wide groups.
+_INT4_N_MULTIPLE = 16
+# Row chunk for packing: a multiple of every packing block, so packing chunks
+# and concatenating equals packing the whole matrix, without an int32 copy of
+# all of q at once.
+_PACK_ROWS = 4096
+
+
+class DenseLinear(nn.Module):
+    """y = x @ W.T with W stored in compute_dtype; x is cast to it for the matmul."""
+
+    def __init__(self, weight: torch.Tensor, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+        self.compute_dtype = compute_dtype
+        self.register_buffer("weight", weight.to(compute_dtype).contiguous())  # (N, K)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.compute_dtype), self.weight).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, dtype={self.compute_dtype}"
+
+
+class Int4Linear(nn.Module):
+    """4-bit weight linear on torch's CPU int4 kernel (bf16 activations).
+
+    Weight w[n, k] = (q[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32];
+    scale and zero are held in bfloat16, as the kernel requires for bf16 input.
+    """
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+        super().__init__()
+        n, k = _check_int4_parts(q, scale, zero)
+        self.in_features, self.out_features = k, n
+        self.register_buffer("packed", _pack_int4(q))  # (N, K // 2) uint8
+        scale_zero = torch.stack([scale, zero], dim=-1)  # (N, K // 32, 2)
+        self.register_buffer(
+            "scale_zero", scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16)
+        )  # (K // 32, N, 2)
+
+    @staticmethod
+    def supports(n: int, k: int) -> bool:
+        """Whether the CPU int4 kernel accepts an (n, k) weight."""
+        return n > 0 and k > 0 and n % _INT4_N_MULTIPLE == 0 and k % INT4_GROUP == 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zero))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (M, K)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x2, self.packed, INT4_GROUP, self.scale_zero
+        )  # (M, N) bf16
+        return y.reshape(*lead, self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, group={INT4_GROUP}"
+
+
+def _check_int4_parts(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[int, int]:
+    if q.dtype != torch.uint8 or q.dim() != 2:
+        raise ValueError("q must be a 2-D uint8 tensor (N, K)")
+    n, k = q.shape
+    if not Int4Linear.supports(n, k):
+        raise ValueError(
+            f"int4 kernel needs N % {_INT4_N_MULTIPLE} == 0 and K % {INT4_GROUP} == 0, "
+            f"got (N, K) = ({n}, {k})"
+        )
+    groups = (n, k // INT4_GROUP)
+    if tuple(scale.shape) != groups or tuple(zero.shape) != groups:
+        raise ValueError(f"scale and zero must have shape {groups}")
+    return n, k
+
+
+def _pack_int4(q: torch.Tensor) -> torch.Tensor:
+    chunks = [
+        torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q[start : start + _PACK_ROWS].to(torch.int32).contiguous(), 1
+        )
+        for start in range(0, q.shape[0], _PACK_ROWS)
+    ]
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # (N, K // 2)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown linear mode {mode!r}; expected one of {MODES}")
+
+
+def _check_part(part: WeightPart) -> tuple[int, int]:
+    shape = tuple(part[2])
+    if len(shape) != 2:
+        raise ValueError(
+            f"linear weight must be 2-D, got {type_name(part[1])} tensor of shape {shape}"
+        )
+    return shape
+
+
+def make_linear(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int], mode: str) -> nn.Module:
+    """Linear layer for one GGML weight of torch-order shape (N, K).
+
+    "exact": fp32 dense of the dequantized weight. "fast": packed int4 for
+    Q4_0/Q4_1/Q4_K (when the kernel accepts the shape), bf16 dense otherwise.
+    """
+    return make_fused_linear([(raw, ggml_type, shape)], mode)
+
+
+def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
+    """One linear whose output is the concatenation of the parts' outputs.
+
+    Used to fuse Q/K/V or gate/up projections: all parts share K and are stacked
+    along N. The result's `out_splits` lists each part's N, for torch.split.
+    If any part cannot use the int4 kernel, the whole stack is dense bf16, since
+    the fused matmul needs one weight format.
+    """
+    _check_mode(mode)
+    if not parts:
+        raise ValueError("make_fused_linear needs at least one weight")
+    shapes = [_check_part(p) for p in parts]
+    k = shapes[0][1]
+    if any(s[1] != k for s in shapes):
+        raise ValueError(f"fused weights must share K (in_features), got shapes {shapes}")
+    n_total = sum(s[0] for s in shapes)
+    use_int4 = (
+        mode == "fast"
+        and all(p[1] in INT4_TYPES for p in parts)
+        and Int4Linear.supports(n_total, k)
+    )
+    if use_int4:
+        module = _fused_int4(parts)
+    else:
+        dtype = torch.float32 if mode == "exact" else torch.bfloat16
+        module = _fused_dense(parts, dtype)
+    module.out_splits = [s[0] for s in shapes]
+    return module
+
+
+def _fused_int4(parts: Sequence[WeightPart]) -> Int4Linear:
+    # Mixed Q4_0/Q4_1/Q4_K parts are fine: all share the same affine form.
+    affine = [int4_affine(raw, t, tuple(shape)) for raw, t, shape in parts]
+    q, scale, zero = (torch.cat(fields) for fields in zip(*affine))
+    return Int4Linear(q, scale, zero)
+
+
+def _fused_dense(parts: Sequence[WeightPart], dtype: torch.dtype) -> DenseLinear:
+    # Cast each part before concatenating so peak memory holds at most one
+    # fp32 part besides the stack.
+    weights = [dequantize(raw, t, tuple(shape)).to(dtype) for raw, t, shape in parts]
+    weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # (N, K)
+    return DenseLinear(weight, dtype)

@@ -1,0 +1,152 @@
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgellm.quant import linear as linear_mod
+from edgellm.quant.ggml import GGMLType, dequantize
+from edgellm.quant.linear import DenseLinear, Int4Linear, make_fused_linear, make_linear
+
+from . import reference
+
+# The int4 kernel keeps scale/zero in bf16 (8-bit mantissa) and returns bf16,
+# so its output differs from fp32 math on the exact weight by ~0.3 %.
+INT4_REL_TOL = 1e-2
+
+
+def _part(fmt: str, n: int, k: int, seed: int = 0):
+    data = reference.random_tensor(fmt, n * k, random.Random(f"{fmt}/{n}x{k}/{seed}"))
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8), GGMLType[fmt], (n, k)
+
+
+def _weight(parts) -> torch.Tensor:
+    return torch.cat([dequantize(*p) for p in parts])  # (N, K) fp32
+
+
+def _x(k: int, rows: int = 5, dtype=torch.bfloat16) -> torch.Tensor:
+    return torch.randn(rows, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize(
+    "fmt, n, k",
+    [("Q4_0", 960, 576), ("Q4_1", 3072, 576), ("Q4_K", 576, 1536), ("Q4_0", 576, 1536)],
+)
+def test_int4_linear_matches_dequantized_weight(fmt, n, k):
+    part = _part(fmt, n, k)
+    lin = make_linear(*part, mode="fast")
+    assert isinstance(lin, Int4Linear)
+    x = _x(k)
+    y = lin(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (5, n)
+    assert _rel_err(y, F.linear(x.float(), _weight([part]))) < INT4_REL_TOL
+
+
+def test_int4_linear_nbytes():
+    lin = make_linear(*_part("Q4_K", 64, 512), mode="fast")
+    # 4 bits per weight + bf16 scale and zero per group of 32
+    assert lin.nbytes == 64 * 512 // 2 + 64 * (512 // 32) * 2 * 2
+
+
+def test_int4_linear_packs_in_row_chunks(monkeypatch):
+    # Packing chunk by chunk must equal packing at once, including a 16-row tail.
+    monkeypatch.setattr(linear_mod, "_PACK_ROWS", 64)
+    part = _part("Q4_1", 208, 64)
+    x = _x(64)
+    ref = F.linear(x.float(), _weight([part]))
+    assert _rel_err(make_linear(*part, mode="fast")(x), ref) < INT4_REL_TOL
+
+
+@pytest.mark.parametrize(
+    "specs",
+    [
+        [("Q4_0", 576, 576), ("Q4_1", 192, 576), ("Q4_0", 192, 576)],  # QKV, mixed int4 kinds
+        [("Q4_K", 1536, 512), ("Q4_K", 1536, 512)],  # gate_up
+    ],
+)
+def test_fused_int4(specs):
+    parts = [_part(fmt, n, k, seed=i) for i, (fmt, n, k) in enumerate(specs)]
+    fused = make_fused_linear(parts, mode="fast")
+    assert isinstance(fused, Int4Linear)
+    assert fused.out_splits == [n for _, n, _ in specs]
+    x = _x(specs[0][2], rows=3)
+    y = fused(x)
+    assert _rel_err(y, F.linear(x.float(), _weight(parts))) < INT4_REL_TOL
+    for piece, part in zip(torch.split(y, fused.out_splits, dim=-1), parts):
+        assert _rel_err(piece, F.linear(x.float(), dequantize(*part))) < INT4_REL_TOL
+
+
+def test_fused_mixed_types_fall_back_to_dense():
+    parts = [_part("Q4_K", 256, 512), _part("Q6_K", 64, 512), _part("Q8_0", 64, 512)]
+    weight = _weight(parts)
+    x = _x(512, dtype=torch.float32)
+
+    fast = make_fused_linear(parts, mode="fast")
+    assert isinstance(fast, DenseLinear) and fast.weight.dtype == torch.bfloat16
+    assert fast.out_splits == [256, 64, 64]
+    assert _rel_err(fast(x), F.linear(x, weight)) < INT4_REL_TOL
+
+    exact = make_fused_linear(parts, mode="exact")
+    assert exact.weight.dtype == torch.float32
+    assert torch.equal(exact(x), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q6_K", "Q5_0", "F16", "F32"])
+def test_fast_mode_other_types_are_bf16_dense(fmt):
+    k = 512 if fmt == "Q6_K" else 64
+    lin = make_linear(*_part(fmt, 48, k), mode="fast")
+    assert isinstance(lin, DenseLinear) and lin.weight.dtype == torch.bfloat16
+    assert lin.nbytes == 48 * k * 2
+
+
+def test_int4_falls_back_when_kernel_rejects_shape():
+    part = _part("Q4_0", 40, 64)  # N not a multiple of 16
+    assert not Int4Linear.supports(40, 64)
+    lin = make_linear(*part, mode="fast")
+    assert isinstance(lin, DenseLinear) and lin.weight.dtype == torch.bfloat16
+    x = _x(64)
+    assert _rel_err(lin(x), F.linear(x.float(), _weight([part]))) < INT4_REL_TOL
+
+
+def test_exact_mode_is_fp32_dequantized():
+    part = _part("Q4_1", 48, 64)
+    lin = make_linear(*part, mode="exact")
+    assert isinstance(lin, DenseLinear) and lin.nbytes == 48 * 64 * 4
+    x = torch.randn(2, 3, 64)
+    y = lin(x)
+    assert y.dtype == torch.float32 and y.shape == (2, 3, 48)
+    assert torch.equal(y, F.linear(x, dequantize(*part)))
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_output_dtype_and_leading_dims_follow_input(mode, dtype):
+    lin = make_linear(*_part("Q4_0", 32, 64), mode=mode)
+    x = torch.randn(2, 3, 64).to(dtype)
+    y = lin(x)
+    assert y.dtype == dtype and y.shape == (2, 3, 32)
+    assert lin(x[:, :0]).shape == (2, 0, 32)  # empty batch
+
+
+def test_int4_linear_rejects_bad_parts():
+    q = torch.zeros(40, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="N % 16"):
+        Int4Linear(q, torch.ones(40, 2), torch.zeros(40, 2))
+    with pytest.raises(ValueError, match="shape"):
+        Int4Linear(q[:32], torch.ones(32, 3), torch.zeros(32, 3))
+
+
+def test_make_linear_rejects_bad_arguments():
+    part = _part("Q4_0", 32, 64)
+    with pytest.raises(ValueError, match="mode"):
+        make_linear(*part, mode="turbo")
+    with pytest.raises(ValueError, match="share K"):
+        make_fused_linear([part, _part("Q4_0", 32, 128)], mode="fast")
+    with pytest.raises(ValueError, match="2-D"):
+        make_linear(part[0], part[1], (2, 16, 64), mode="exact")
+    with pytest.raises(ValueError):
+        make_fused_linear([], mode="exact")
