@@ -6,9 +6,10 @@ types, and either BPE merges (byte-level "gpt2" vocabularies) or per-token score
 the same file, so token ids agree with the Hugging Face reference:
 
 * gpt2: byte-level BPE with the GPT-2 split regex, the file's merges as given.
-* llama: SentencePiece-style BPE with byte fallback. The file has no merges, so they are
+* llama: SentencePiece-style BPE with byte fallback and no prefix space (Gemma's kind; files
+  that ask for a prefix space are refused for now). The file has no merges, so they are
   derived from the vocabulary (every split of a token into two vocabulary pieces), ranked by
-  the token's position -- slow enough (~1 s + build) that the result is cached on disk.
+  token position (Gemma) or score -- slow enough (~1 s + build) that the result is cached on disk.
 
 CONTROL tokens become special added tokens and USER_DEFINED ones plain added tokens, so their
 text in the input maps to the single token, as llama.cpp does.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
@@ -69,7 +70,7 @@ class _Vocab:
     pre: str
     architecture: str
     tokens: list[str]
-    types: np.ndarray
+    types: list[int]
     scores: np.ndarray | None
     merges: list[str] | None
     add_space_prefix: bool
@@ -85,7 +86,7 @@ class _Vocab:
         digest.update(repr(header).encode())
         # NUL cannot occur inside a GGUF string used as a token, so joining is unambiguous.
         digest.update("\0".join(self.tokens).encode("utf-8", "surrogatepass"))
-        digest.update(np.ascontiguousarray(self.types, dtype="<i4").tobytes())
+        digest.update(np.asarray(self.types, dtype="<i4").tobytes())
         if self.scores is not None:
             digest.update(np.ascontiguousarray(self.scores, dtype="<f4").tobytes())
         if self.merges is not None:
@@ -124,7 +125,8 @@ def _read_vocab(metadata: Mapping[str, Any]) -> _Vocab:
         raise TokenizerError("tokenizer.ggml.tokens is missing or not a list of strings")
     n = len(tokens)
     types = _numeric_array(metadata, "tokenizer.ggml.token_type", n)
-    types = np.full(n, TokenType.NORMAL, np.int32) if types is None else types.astype(np.int32)
+    # Plain ints: the per-token loops below are several times slower over numpy scalars.
+    types = [int(TokenType.NORMAL)] * n if types is None else types.astype(np.int64).tolist()
     merges = metadata.get("tokenizer.ggml.merges")
     if merges is not None and not (isinstance(merges, list) and all(isinstance(m, str) for m in merges)):
         raise TokenizerError("tokenizer.ggml.merges is not a list of strings")
@@ -234,14 +236,16 @@ def _derive_merges(ordered: Iterable[str], spelled: Mapping[str, int]) -> list[t
 def _build_sentencepiece(vocab: _Vocab) -> _Backend:
     if vocab.pre != "default":
         raise TokenizerError(f"unsupported SentencePiece pre-tokenizer {vocab.pre!r}")
+    if vocab.add_space_prefix:
+        # Llama-2-style vocabularies also need a prefix space on encode and its removal on
+        # decode; unverified against a reference model, so refused rather than guessed.
+        raise TokenizerError("SentencePiece vocabularies with add_space_prefix are not supported yet")
     spelled = {_sentencepiece_spelling(t): i for i, t in enumerate(vocab.tokens)}
     merges = _derive_merges(_merge_order(vocab, spelled), spelled)
     unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
     backend = _Backend(BPE(vocab=spelled, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-    steps = [normalizers.Replace(" ", _SPIECE_SPACE)]
-    if vocab.add_space_prefix:
-        steps.insert(0, normalizers.Prepend(_SPIECE_SPACE))
-    backend.normalizer = normalizers.Sequence(steps) if len(steps) > 1 else steps[0]
+    # No pre-tokenizer: SentencePiece sees the whole text, spaces included, as one sequence.
+    backend.normalizer = normalizers.Replace(" ", _SPIECE_SPACE)
     backend.decoder = decoders.Sequence(
         [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     _add_added_tokens(backend, vocab, spelled, special_ok=lambda _t: True)
@@ -251,7 +255,9 @@ def _build_sentencepiece(vocab: _Vocab) -> _Backend:
 # -- shared building --------------------------------------------------------------------------
 
 
-def _add_added_tokens(backend: _Backend, vocab: _Vocab, spelled: Mapping[str, int], special_ok) -> None:
+def _add_added_tokens(
+    backend: _Backend, vocab: _Vocab, spelled: Mapping[str, int], special_ok: Callable[[str], bool]
+) -> None:
     # normalized=False: the raw input text is matched, before spaces become '▁' or bytes remap.
     control = [
         AddedToken(t, normalized=False, special=True)
@@ -304,7 +310,7 @@ def _save_atomically(backend: _Backend, path: Path) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    except OSError:
+    except Exception:  # OSError, or tokenizers' own error type from save()
         pass
 
 
@@ -345,7 +351,7 @@ class Tokenizer:
     def __init__(self, vocab: _Vocab, backend: _Backend):
         self._vocab = vocab
         self._backend = backend
-        self._special_ids = frozenset(int(i) for i in np.flatnonzero(vocab.types == TokenType.CONTROL))
+        self._special_ids = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
@@ -362,6 +368,11 @@ class Tokenizer:
     @property
     def bos_id(self) -> int | None:
         return self._vocab.bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        """The file's EOS token; see eos_ids for everything that ends generation."""
+        return self._vocab.eos_id
 
     @property
     def add_bos(self) -> bool:
@@ -406,8 +417,9 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        self._check_ids(ids)
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        plain = [int(i) for i in ids]  # numpy/torch integers are not accepted by tokenizers
+        self._check_ids(plain)
+        return self._backend.decode(plain, skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes `token_id` stands for; may be part of a UTF-8 character, so a streaming

@@ -42,9 +42,10 @@ def _assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def test_enum_values_match_gguf_spec():
-    assert [GGMLType[n] for n in ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1")] == [0, 1, 2, 3, 6, 7]
-    assert [GGMLType[n] for n in ("Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K")] == [8, 9, 10, 11, 12, 13]
-    assert (GGMLType.Q6_K, GGMLType.Q8_K, GGMLType.BF16) == (14, 15, 30)
+    expected = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+                "Q8_1": 9, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+                "Q8_K": 15, "BF16": 30}
+    assert {name: int(GGMLType[name]) for name in expected} == expected
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -63,7 +64,8 @@ def test_tensor_nbytes():
 
 
 @pytest.mark.parametrize(
-    "ggml_type, n", [(GGMLType.Q4_0, 33), (GGMLType.Q4_K, 128), (GGMLType.Q8_0, -32), (4, 32), (999, 1)]
+    "ggml_type, n",
+    [(GGMLType.Q4_0, 33), (GGMLType.Q4_K, 128), (GGMLType.Q8_0, -32), (4, 32), (999, 1)],
 )
 def test_tensor_nbytes_rejects_bad_sizes_and_types(ggml_type, n):
     with pytest.raises(ValueError):
@@ -159,12 +161,12 @@ def test_int4_affine_rejects_other_types():
 
 
 def test_dequantize_is_vectorized():
-    # A per-block Python loop takes minutes here; the vectorized path ~0.1 s.
-    # The bound is loose because the CI machine is small and shared.
+    # A per-block Python loop takes minutes here; the vectorized path ~0.05 s
+    # on 2 cores. The bound is loose because the test machine is small and shared.
     n, k = 49152, 576
-    raw = torch.randint(0, 256, (tensor_nbytes(GGMLType.Q8_0, n * k),), dtype=torch.uint8)
-    raw.view(-1, 34)[:, 1] = 0x3C  # fp16 scale bytes -> finite values near 1
+    raw = torch.full((tensor_nbytes(GGMLType.Q8_0, n * k),), 0x3C, dtype=torch.uint8)
     start = time.perf_counter()
     out = dequantize(raw, GGMLType.Q8_0, (n, k))
-    assert time.perf_counter() - start < 3.0
-    assert out.shape == (n, k) and torch.isfinite(out).all()
+    assert time.perf_counter() - start < 5.0
+    d = torch.tensor([0x3C3C], dtype=torch.int16).view(torch.float16).item()
+    assert out.shape == (n, k) and out[0, 0].item() == out[-1, -1].item() == 0x3C * d

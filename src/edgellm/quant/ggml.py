@@ -314,10 +314,9 @@ def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...]) -> tor
     """
     t = _checked(raw, ggml_type, tuple(shape), DEQUANT_TYPES)
     if t in _FLOAT_TYPES:
-        # .to() copies for F16/BF16; F32 needs an explicit copy to stop aliasing.
+        # copy=True so an F32 result never aliases the (read-only) source
         values = _reinterpret(raw, _FLOAT_TYPES[t])
-        out = values.clone() if t == GGMLType.F32 else values.to(torch.float32)
-        return out.reshape(shape)
+        return values.to(torch.float32, copy=True).reshape(shape)
     block_elems, block_bytes = BLOCK_SIZES[t]
     blocks = raw.reshape(-1, block_bytes)  # (n_blocks, block_bytes)
     out = torch.empty(blocks.shape[0], block_elems, dtype=torch.float32)

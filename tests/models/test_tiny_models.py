@@ -1,0 +1,91 @@
+"""Tiny random models of every architecture, written as GGUF and checked against transformers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgellm.formats.gguf import open_gguf
+from edgellm.kv import make_caches
+from edgellm.models import build_model
+from tests.tiny import VOCAB, hf_model, random_weights, write_gguf
+
+ARCHS = ["llama", "qwen2", "gemma3"]
+TOKENS = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_seed(1))
+
+
+def _forward(model, tokens, chunks=(None,)) -> torch.Tensor:
+    caches, outs, start = make_caches(model.config.n_layers), [], 0
+    with torch.inference_mode():
+        for end in chunks:
+            end = end or tokens.shape[1]
+            outs.append(model(tokens[:, start:end], caches))
+            start = end
+    return torch.cat(outs, dim=1)[0]
+
+
+@pytest.fixture(params=ARCHS)
+def tiny(request, tmp_path):
+    arch = request.param
+    weights = random_weights(arch)
+    source = open_gguf(write_gguf(tmp_path / f"{arch}.gguf", arch, weights))
+    yield arch, weights, source
+    source.close()
+
+
+def test_exact_mode_matches_transformers(tiny):
+    arch, weights, source = tiny
+    ours = _forward(build_model(source, VOCAB, "exact"), TOKENS)
+    with torch.inference_mode():
+        ref = hf_model(arch, weights)(TOKENS).logits[0]
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_incremental_decode_equals_one_pass(tiny):
+    _, _, source = tiny
+    model = build_model(source, VOCAB, "exact")
+    one_pass = _forward(model, TOKENS)
+    token_by_token = _forward(model, TOKENS, chunks=range(1, TOKENS.shape[1] + 1))
+    chunked = _forward(model, TOKENS, chunks=(5, 13, None))
+    torch.testing.assert_close(token_by_token, one_pass, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(chunked, one_pass, atol=1e-4, rtol=1e-4)
+
+
+def test_last_only_returns_final_position(tiny):
+    _, _, source = tiny
+    model = build_model(source, VOCAB, "exact")
+    with torch.inference_mode():
+        last = model(TOKENS, make_caches(model.config.n_layers), last_only=True)
+    assert last.shape == (1, 1, VOCAB)
+    torch.testing.assert_close(last[0, 0], _forward(model, TOKENS)[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_mode_with_4bit_weights_stays_close(arch, tmp_path):
+    import gguf
+
+    weights = random_weights(arch)
+    path = write_gguf(tmp_path / "q4.gguf", arch, weights, qtype=gguf.GGMLQuantizationType.Q4_0)
+    with open_gguf(path) as source:
+        exact = _forward(build_model(source, VOCAB, "exact"), TOKENS)
+        fast_model = build_model(source, VOCAB, "fast")
+        fast = _forward(fast_model, TOKENS)
+    assert any(type(m).__name__ == "Int4Linear" for m in fast_model.modules()), "Q4_0 must stay 4-bit"
+    # bf16 activations: logits agree to ~1 % of their spread
+    assert (fast - exact).abs().max() < 0.02 * exact.abs().max() + 0.02
+
+
+def test_gemma3_sliding_window_hides_old_tokens(tmp_path):
+    # Both layers are sliding (every sixth is global); with window 4 each layer looks back 3
+    # tokens, so after 2 layers position p depends only on tokens >= p - 6.
+    weights = random_weights("gemma3")
+    path = write_gguf(tmp_path / "w.gguf", "gemma3", weights, sliding_window=4)
+    changed = TOKENS.clone()
+    changed[0, 0] = (changed[0, 0] + 1) % VOCAB
+    with open_gguf(path) as source:
+        model = build_model(source, VOCAB, "exact")
+        a, b = _forward(model, TOKENS), _forward(model, changed)
+    assert not torch.allclose(a[:7], b[:7])
+    torch.testing.assert_close(a[7:], b[7:])
+    with torch.inference_mode():
+        ref = hf_model("gemma3", weights, sliding_window=4)(TOKENS).logits[0]
+    torch.testing.assert_close(a, ref, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,146 @@
+"""Tiny random models written as real GGUF files, with the matching transformers model.
+
+The GGUF side follows llama.cpp's converter: Llama q/k rows are permuted for its rotary
+layout, Gemma norm weights are stored as 1 + w. The transformers side gets the original
+tensors, so a parity check covers those conventions too."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, LAYERS = 64, 4, 2, 16, 128, 96, 2
+
+
+def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # HF rotate-half rows -> llama.cpp interleaved rows (what convert_hf_to_gguf does)
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _add(writer, name: str, array: np.ndarray, qtype) -> None:
+    import gguf
+
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if qtype in (None, gguf.GGMLQuantizationType.F32) or array.ndim == 1:
+        writer.add_tensor(name, array)
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
+
+def _tokenizer_metadata(writer) -> None:
+    tokens = [f"<t{i}>" for i in range(VOCAB)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * VOCAB)
+    writer.add_token_merges([])
+    writer.add_eos_token_id(0)
+    writer.add_bos_token_id(1)
+
+
+def random_weights(arch: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """HF-named float32 tensors for a tiny model of `arch` (llama, qwen2, gemma3)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape, s=0.08: torch.randn(*shape, generator=g) * s  # noqa: E731
+    w = {"model.embed_tokens.weight": r(VOCAB, HIDDEN, s=0.5), "model.norm.weight": 1 + r(HIDDEN, s=0.1)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        w |= {f"{p}.self_attn.q_proj.weight": r(HEADS * HEAD_DIM, HIDDEN),
+              f"{p}.self_attn.k_proj.weight": r(KV_HEADS * HEAD_DIM, HIDDEN),
+              f"{p}.self_attn.v_proj.weight": r(KV_HEADS * HEAD_DIM, HIDDEN),
+              f"{p}.self_attn.o_proj.weight": r(HIDDEN, HEADS * HEAD_DIM),
+              f"{p}.mlp.gate_proj.weight": r(FFN, HIDDEN), f"{p}.mlp.up_proj.weight": r(FFN, HIDDEN),
+              f"{p}.mlp.down_proj.weight": r(HIDDEN, FFN),
+              f"{p}.input_layernorm.weight": 1 + r(HIDDEN, s=0.1),
+              f"{p}.post_attention_layernorm.weight": 1 + r(HIDDEN, s=0.1)}
+        if arch == "qwen2":
+            w |= {f"{p}.self_attn.{x}_proj.bias": r(n * HEAD_DIM, s=0.1)
+                  for x, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS))}
+        if arch == "gemma3":
+            w |= {f"{p}.pre_feedforward_layernorm.weight": r(HIDDEN, s=0.1),
+                  f"{p}.post_feedforward_layernorm.weight": r(HIDDEN, s=0.1),
+                  f"{p}.self_attn.q_norm.weight": r(HEAD_DIM, s=0.1),
+                  f"{p}.self_attn.k_norm.weight": r(HEAD_DIM, s=0.1)}
+            # Gemma's HF norms are (1 + w) with w near 0
+            w[f"{p}.input_layernorm.weight"] -= 1
+            w[f"{p}.post_attention_layernorm.weight"] -= 1
+    if arch == "gemma3":
+        w["model.norm.weight"] -= 1
+    return w
+
+
+_GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+}
+
+
+def _gguf_name(arch: str, hf_name: str) -> str:
+    if hf_name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf_name == "model.norm.weight":
+        return "output_norm.weight"
+    _, _, i, rest = hf_name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    norms = {"input_layernorm": "attn_norm",
+             "post_attention_layernorm": "post_attention_norm" if arch == "gemma3" else "ffn_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+    return f"blk.{i}.{norms.get(module) or _GGUF_NAMES[module]}.{kind}"
+
+
+def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=None,
+               sliding_window: int = 8) -> Path:
+    """Write `weights` (HF names) as a GGUF file the way llama.cpp's converter would."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_rope_freq_base(10000.0)
+    if arch == "gemma3":
+        writer.add_sliding_window(sliding_window)
+    _tokenizer_metadata(writer)
+    for hf_name, tensor in weights.items():
+        array = tensor.numpy()
+        if arch == "llama" and ("q_proj.weight" in hf_name or "k_proj.weight" in hf_name):
+            array = _permute_for_gguf(array, HEADS if "q_proj" in hf_name else KV_HEADS)
+        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+            array = array + 1
+        is_matrix = array.ndim == 2 and "embed_tokens" not in hf_name
+        _add(writer, _gguf_name(arch, hf_name), array, qtype if is_matrix else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 8):
+    """The transformers model with the same weights (fp32, eager attention)."""
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                  rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True)
+    if arch == "gemma3":
+        config = transformers.Gemma3TextConfig(**common, sliding_window=sliding_window, query_pre_attn_scalar=HEAD_DIM,
+                                               rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh")
+        model_cls = transformers.Gemma3ForCausalLM
+    elif arch == "qwen2":
+        config, model_cls = transformers.Qwen2Config(**common, rope_theta=10000.0), transformers.Qwen2ForCausalLM
+    else:
+        config, model_cls = transformers.LlamaConfig(**common, rope_theta=10000.0), transformers.LlamaForCausalLM
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval()
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model
