@@ -1,0 +1,134 @@
+"""The GGUF reader: real files load as views; crafted corrupt files raise ModelFormatError."""
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgellm.errors import ModelFormatError
+from edgellm.formats.gguf import open_gguf
+from edgellm.quant.ggml import GGMLType
+
+
+def _string(s: str | bytes) -> bytes:
+    raw = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def craft(*, magic=b"GGUF", version=3, kv=None, tensors=None, alignment=32, data=None,
+          tensor_count=None, kv_count=None) -> bytes:
+    """A GGUF file built byte by byte, so each field can be broken on purpose.
+
+    kv: list of (key, type, packed value bytes); tensors: list of (name, dims, type, offset)."""
+    kv = kv if kv is not None else [("general.architecture", 8, _string("llama"))]
+    tensors = tensors if tensors is not None else [("w", [32, 2], int(GGMLType.F32), 0)]
+    out = bytearray(magic + struct.pack("<I", version))
+    out += struct.pack("<QQ", len(tensors) if tensor_count is None else tensor_count,
+                       len(kv) if kv_count is None else kv_count)
+    for key, vtype, value in kv:
+        out += _string(key) + struct.pack("<I", vtype) + value
+    for name, dims, ttype, offset in tensors:
+        out += _string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+        out += struct.pack("<IQ", ttype, offset)
+    out += b"\0" * (-len(out) % alignment)
+    out += data if data is not None else np.arange(64, dtype=np.float32).tobytes()
+    return bytes(out)
+
+
+def _write(tmp_path: Path, content: bytes, name: str = "model.gguf") -> Path:
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+def test_crafted_file_loads_with_metadata_and_tensor_views(tmp_path):
+    kv = [("general.architecture", 8, _string("llama")), ("n", 4, struct.pack("<I", 7)),
+          ("arr", 9, struct.pack("<IQ", 6, 3) + struct.pack("<3f", 1, 2, 3)),
+          ("names", 9, struct.pack("<IQ", 8, 2) + _string("a") + _string("é"))]
+    with open_gguf(_write(tmp_path, craft(kv=kv))) as f:
+        assert f.metadata["n"] == 7 and f.metadata["names"] == ["a", "é"]
+        assert f.metadata["arr"].tolist() == [1.0, 2.0, 3.0]
+        info = f.tensors["w"]
+        assert info.shape == (2, 32) and info.type_name == "F32"
+        raw, again = f.raw("w"), f.raw("w")
+        assert torch.equal(raw.view(torch.float32), torch.arange(64, dtype=torch.float32))
+        raw[0] = 7  # both are views of the one mapping, not copies ...
+        assert again[0] == 7
+    assert (tmp_path / "model.gguf").read_bytes() == craft(kv=kv)  # ... and private: the file is unchanged
+
+
+CORRUPTIONS = {
+    "empty file": lambda: b"",
+    "not gguf": lambda: b"PK\x03\x04" + b"\0" * 100,
+    "bad version": lambda: craft(version=99),
+    "version 1": lambda: craft(version=1),
+    "truncated header": lambda: craft()[:30],
+    "truncated data": lambda: craft()[:-8],
+    "huge tensor count": lambda: craft(tensor_count=2**60),
+    "huge kv count": lambda: craft(kv_count=2**40),
+    "string past end": lambda: craft(kv=[("k", 8, struct.pack("<Q", 2**50))]),
+    "unknown value type": lambda: craft(kv=[("k", 77, b"\0" * 8)]),
+    "invalid utf-8 key": lambda: craft(kv=[(b"\xff\xfe".decode("latin-1"), 4, struct.pack("<I", 1))]).replace(
+        b"\xc3\xbf\xc3\xbe", b"\xff\xfe\xff\xfe"),
+    "duplicate key": lambda: craft(kv=[("k", 4, struct.pack("<I", 1))] * 2),
+    "bad alignment": lambda: craft(kv=[("general.alignment", 4, struct.pack("<I", 24))], alignment=24),
+    "misaligned offset": lambda: craft(tensors=[("w", [32], int(GGMLType.F32), 4)]),
+    "tensor past end": lambda: craft(tensors=[("w", [32, 200], int(GGMLType.F32), 0)]),
+    "unknown tensor type": lambda: craft(tensors=[("w", [32, 2], 250, 0)]),
+    "partial block": lambda: craft(tensors=[("w", [33, 2], int(GGMLType.Q8_0), 0)]),
+    "zero dimension": lambda: craft(tensors=[("w", [32, 0], int(GGMLType.F32), 0)]),
+    "too many dims": lambda: craft(tensors=[("w", [1, 1, 1, 1, 2], int(GGMLType.F32), 0)]),
+    "overlapping tensors": lambda: craft(tensors=[("a", [32], int(GGMLType.F32), 0), ("b", [32], int(GGMLType.F32), 32)]),
+    "duplicate tensor": lambda: craft(tensors=[("a", [16], int(GGMLType.F32), 0), ("a", [16], int(GGMLType.F32), 64)]),
+}
+
+
+@pytest.mark.parametrize("case", CORRUPTIONS)
+def test_corrupt_file_raises_model_format_error_naming_file(tmp_path, case):
+    path = _write(tmp_path, CORRUPTIONS[case]())
+    with pytest.raises(ModelFormatError) as excinfo:
+        open_gguf(path)
+    assert str(path) in str(excinfo.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelFormatError, match="no such file"):
+        open_gguf(tmp_path / "absent.gguf")
+
+
+def test_random_bit_flips_in_header_never_crash(tmp_path, smollm2_path):
+    """Flip bits anywhere in the metadata/tensor-info region of the real model: the reader
+    either still loads a consistent file or raises ModelFormatError — nothing else."""
+    with open_gguf(smollm2_path) as f:
+        header_end = f.data_offset
+    original = smollm2_path.read_bytes()[: header_end + 4096]  # header + a little data
+    rng = random.Random(1234)
+    outcomes = {"ok": 0, "error": 0}
+    for _ in range(150):
+        corrupt = bytearray(original)
+        for _ in range(rng.randint(1, 4)):
+            # bias towards the small numeric fields at the very start and the tensor infos
+            pos = rng.choice([rng.randrange(0, 64), rng.randrange(0, header_end)])
+            corrupt[pos] ^= 1 << rng.randrange(8)
+        path = _write(tmp_path, bytes(corrupt))
+        try:
+            open_gguf(path).close()
+            outcomes["ok"] += 1
+        except ModelFormatError:
+            outcomes["error"] += 1
+    # truncating to header+4 KiB alone already makes most tensors fall off the end
+    assert outcomes["error"] > 0
+
+
+def test_real_models_parse(smollm2_path, gemma3_path):
+    with open_gguf(smollm2_path) as f:
+        assert f.metadata["general.architecture"] == "llama"
+        assert f.tensors["token_embd.weight"].shape == (49152, 576)
+        assert f.tensors["blk.0.attn_q.weight"].type_name == "Q4_1"
+    with open_gguf(gemma3_path) as f:
+        assert f.metadata["general.architecture"] == "gemma3"
+        assert len(f.metadata["tokenizer.ggml.tokens"]) == 262144
