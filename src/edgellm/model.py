@@ -78,7 +78,7 @@ class Model:
 
     def chat(self, messages: Sequence[Message], *, stream: bool = False, **sampling: Any):
         """Render the conversation with the model's chat template and answer it."""
-        events = self._stream_ids(self.template.encode(messages), sampling)
+        events = self._stream_ids(self.template.encode_chat(messages), sampling)
         return events if stream else _last(events)
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:

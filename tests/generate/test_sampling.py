@@ -1,0 +1,63 @@
+"""Samplers: pure functions on logits, and a seeded generator for reproducibility."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgellm.errors import InvalidRequest
+from edgellm.generate.sampling import (Sampler, SamplingParams, apply_repetition_penalty, keep_min_p,
+                                       keep_top_k, keep_top_p)
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
+
+
+def _kept(logits: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(torch.isfinite(logits)).flatten().tolist())
+
+
+def test_top_k_keeps_the_k_best():
+    assert _kept(keep_top_k(LOGITS, 2)) == {0, 4}
+    assert _kept(keep_top_k(LOGITS, 0)) == set(range(5))
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    probs = LOGITS.softmax(-1)  # order: 4 (0.61), 0 (0.22), 1 (0.08), 2, 3
+    assert _kept(keep_top_p(LOGITS, 0.5)) == {4}
+    assert _kept(keep_top_p(LOGITS, float(probs[4] + probs[0]) - 1e-4)) == {4, 0}
+    assert _kept(keep_top_p(LOGITS, 0.9)) == {4, 0, 1}
+
+
+def test_min_p_drops_tokens_far_below_the_best():
+    probs = LOGITS.softmax(-1)
+    kept = _kept(keep_min_p(LOGITS, 0.1))
+    assert kept == {i for i in range(5) if probs[i] >= 0.1 * probs.max()}
+
+
+def test_repetition_penalty_lowers_seen_tokens_both_signs():
+    out = apply_repetition_penalty(LOGITS, torch.tensor([0, 3]), 2.0)
+    assert out[0] == 1.0 and out[3] == -2.0 and out[4] == 3.0
+
+
+def test_greedy_is_argmax_and_ignores_seed():
+    assert Sampler(SamplingParams(temperature=0))(LOGITS, []) == 4
+
+
+def test_same_seed_same_samples_different_seed_differs():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    draw = lambda seed: [Sampler(SamplingParams(temperature=1.0, seed=seed))(logits, []) for _ in range(1)] + \
+        (lambda s: [s(logits, []) for _ in range(20)])(Sampler(SamplingParams(temperature=1.0, seed=seed)))  # noqa: E731
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_sampling_respects_filters():
+    sampler = Sampler(SamplingParams(temperature=1.5, top_k=2, seed=3))
+    assert {sampler(LOGITS, []) for _ in range(200)} <= {0, 4}
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2),
+                                 dict(top_k=-3), dict(max_tokens=-1), dict(repetition_penalty=0),
+                                 dict(stop=("",))])
+def test_invalid_parameters_raise_typed_error(bad):
+    with pytest.raises(InvalidRequest):
+        SamplingParams(**bad)
