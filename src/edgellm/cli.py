@@ -43,12 +43,19 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _load(args: argparse.Namespace):
-    from edgellm.model import load  # imports torch: keep `--help` and argument errors fast
+    from edgellm.registry import resolve
+
+    if args.threads is not None and args.threads < 1:
+        raise InvalidRequest(f"threads must be >= 1, got {args.threads}")
+    path = resolve(args.model)  # a bad name fails here, before the slow torch import
+    from edgellm.model import load
 
     print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    model = load(args.model, mode=args.mode, threads=args.threads)
-    print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
+    try:
+        model = load(path, mode=args.mode, threads=args.threads)
+    finally:
+        print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
     return model
 
 
@@ -72,6 +79,7 @@ def _stats(done) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     from edgellm.generate import SamplingParams
+    from edgellm.model import last_completion
 
     SamplingParams(**sampling)  # reject bad flags before spending time on loading
     with _load(args) as model:
@@ -81,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             events = model.chat(messages + [{"role": "user", "content": args.prompt}], stream=True, **sampling)
         if args.json:
-            done = _last(events)
+            done = last_completion(events)
             print(json.dumps({"text": done.text, "finish_reason": done.finish_reason,
                               "token_ids": list(done.token_ids), "timings": _timings_dict(done.timings)}))
         else:
@@ -89,12 +97,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(_stats(done), file=sys.stderr)
     return 0
-
-
-def _last(events):
-    for event in events:
-        pass
-    return event
 
 
 def _timings_dict(t) -> dict[str, float]:

@@ -74,12 +74,12 @@ class Model:
         return self._stream_ids(ids, sampling)
 
     def generate(self, prompt: str | Sequence[int], **sampling: Any) -> Completion:
-        return _last(self.stream(prompt, **sampling))
+        return last_completion(self.stream(prompt, **sampling))
 
     def chat(self, messages: Sequence[Message], *, stream: bool = False, **sampling: Any):
         """Render the conversation with the model's chat template and answer it."""
         events = self._stream_ids(self.template.encode_chat(messages), sampling)
-        return events if stream else _last(events)
+        return events if stream else last_completion(events)
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
         if isinstance(sampling.get("stop"), str):
@@ -107,7 +107,8 @@ class Model:
         self.close()
 
 
-def _last(events: Iterator[GenerationEvent]) -> Completion:
+def last_completion(events: Iterator[GenerationEvent]) -> Completion:
+    """Run a stream to its end and return its Completion."""
     for event in events:
         if isinstance(event, Completion):
             return event

@@ -124,8 +124,10 @@ class GGUFFile:
 
     def _parse(self) -> None:
         cur = _Cursor(self._map, self.path)
-        if cur.size < 24 or self._map[:4] != MAGIC:
+        if self._map[:4] != MAGIC:
             raise cur.fail("not a GGUF file (bad magic)")
+        if cur.size < 24:
+            raise cur.fail(f"truncated: {cur.size} bytes is smaller than a GGUF header")
         cur.take(4, "magic")
         self.version = cur.scalar("I", "version")
         if self.version not in SUPPORTED_VERSIONS:

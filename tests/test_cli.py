@@ -1,0 +1,75 @@
+"""The command line, run as a user runs it: a real subprocess, real models, exit codes."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def edgellm(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True,
+                          input=input, timeout=300)
+
+
+def test_run_streams_a_reply_with_statistics(smollm2_path):
+    result = edgellm("run", "What is the capital of France?", "--model", str(smollm2_path), "-n", "16")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "decode" in result.stderr and "tok/s" in result.stderr
+
+
+def test_run_json_output(smollm2_path):
+    result = edgellm("run", "Count: 1, 2, 3,", "--raw", "--json", "-n", "6", "--model", str(smollm2_path))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["finish_reason"] == "length" and len(out["token_ids"]) == 6
+    assert out["timings"]["decode_tokens_per_s"] > 0
+
+
+def test_chat_keeps_the_conversation(smollm2_path):
+    turns = "My name is Ada.\nWhat is my name?\n/reset\nWhat is my name?\n/exit\n"
+    result = edgellm("chat", "--model", str(smollm2_path), "-n", "24", "--verbose", input=turns)
+    assert result.returncode == 0, result.stderr
+    stats = [line for line in result.stderr.splitlines() if "prompt tokens" in line]
+    prompt, generated = zip(*[map(int, re.findall(r"(\d+) (?:prompt tokens|generated)", s)) for s in stats])
+    assert len(stats) == 3
+    # the second turn's prompt holds the first question and answer; /reset forgets them
+    assert prompt[1] > prompt[0] + generated[0]
+    assert prompt[2] < prompt[0] + generated[0]
+
+
+def test_info_describes_both_models(smollm2_path, gemma3_path):
+    out = json.loads(edgellm("info", str(smollm2_path), "--json").stdout)
+    assert out["architecture"] == "llama" and out["tensor_types"]["Q4_1"] == 210
+    assert out["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 4
+    text = edgellm("info", str(gemma3_path)).stdout
+    assert "gemma3" in text and "Q4_K" in text and "parameters" in text
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["run", "hi", "--model", "no-such-model"], 3, "no model named"),
+    (["run", "hi", "--temperature", "-1"], 2, "temperature"),
+    (["run", "hi", "--top-p", "0"], 2, "top_p"),
+    (["info", "/nonexistent/model.gguf"], 3, "no model named"),
+    (["run", "hi", "--threads", "0"], 2, "threads"),
+])
+def test_bad_input_gives_one_line_error_and_exit_code(args, code, message):
+    result = edgellm(*args)
+    assert result.returncode == code
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("edgellm: error:") and message in result.stderr
+
+
+def test_corrupt_model_file_is_refused(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 7)
+    result = edgellm("run", "hi", "--model", str(bad))
+    assert result.returncode == 4 and "truncated" in result.stderr and str(bad) in result.stderr
+
+
+def test_bad_flag_is_an_argparse_error():
+    result = edgellm("run")
+    assert result.returncode == 2 and "usage" in result.stderr
