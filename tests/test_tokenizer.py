@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm import tokenizer as tokenizer_module
+from edgellm.tokenizer import build as tokenizer_build
 from edgellm.chat_template import GEMMA_TEMPLATE, ChatTemplate
 from edgellm.errors import InvalidRequest, TokenizerError
 from edgellm.formats.gguf import open_gguf
@@ -332,7 +332,7 @@ def test_built_tokenizer_is_cached(smollm2_path, tmp_path, monkeypatch):
     def refuse(_vocab):
         raise AssertionError("rebuilt despite a cached tokenizer")
 
-    monkeypatch.setattr(tokenizer_module, "_build", refuse)
+    monkeypatch.setattr(tokenizer_build, "_build", refuse)
     loaded = Tokenizer.from_gguf_metadata(metadata)
     for text in CORPUS:
         assert loaded.encode(text) == built.encode(text)

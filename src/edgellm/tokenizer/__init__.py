@@ -1,0 +1,114 @@
+"""Text <-> token ids, rebuilt from a GGUF's metadata (see build.py for how)."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+
+from edgellm.errors import TokenizerError
+from edgellm.tokenizer.build import load_or_build, token_bytes_table
+from edgellm.tokenizer.vocab import TokenType, Vocab, read_vocab
+
+__all__ = ["Tokenizer", "TokenType"]
+
+# Tokens that end an assistant turn in common chat formats; generation stops on any of them.
+_END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>")
+
+
+class Tokenizer:
+    """Text <-> token ids for one GGUF model, matching the Hugging Face tokenizer for that file."""
+
+    def __init__(self, vocab: Vocab, backend: Backend):
+        self._vocab = vocab
+        self._backend = backend
+        self._special_ids = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)
+
+    @classmethod
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """Build (or load from the on-disk cache) the tokenizer a GGUF's metadata describes."""
+        vocab = read_vocab(metadata)
+        return cls(vocab, load_or_build(vocab))
+
+    # -- ids --------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab.tokens)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._vocab.bos_id
+
+    @property
+    def eos_id(self) -> int | None:
+        """The file's EOS token; see eos_ids for everything that ends generation."""
+        return self._vocab.eos_id
+
+    @property
+    def add_bos(self) -> bool:
+        """Whether encode(..., add_special_tokens=True) starts with BOS, as the file asks."""
+        return self._vocab.add_bos and self._vocab.bos_id is not None
+
+    @cached_property
+    def eos_ids(self) -> frozenset[int]:
+        """Every token that ends generation: the file's EOS and known end-of-turn tokens."""
+        ids = {self._vocab.eos_id} if self._vocab.eos_id is not None else set()
+        for text in _END_OF_TURN_TEXTS:
+            token_id = self.token_to_id(text)
+            if token_id is not None and token_id in self._special_ids:
+                ids.add(token_id)
+        return frozenset(ids)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """CONTROL tokens: BOS/EOS, turn markers, padding, unused slots."""
+        return self._special_ids
+
+    def id_to_token(self, token_id: int) -> str:
+        """The token as the GGUF spells it."""
+        return self._vocab.tokens[token_id]
+
+    def token_to_id(self, text: str) -> int | None:
+        return self._backend.token_to_id(text)
+
+    # -- text ---------------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`. Special-token text inside it (e.g. '<|im_end|>') becomes that
+        token. add_special_tokens adds BOS/EOS where the file says to."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects str, got {type(text).__name__}")
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens:
+            if self.add_bos:
+                ids.insert(0, self._vocab.bos_id)
+            if self._vocab.add_eos and self._vocab.eos_id is not None:
+                ids.append(self._vocab.eos_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        plain = [int(i) for i in ids]  # numpy/torch integers are not accepted by tokenizers
+        self._check_ids(plain)
+        return self._backend.decode(plain, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes `token_id` stands for; may be part of a UTF-8 character, so a streaming
+        detokenizer concatenates these and decodes only complete characters."""
+        self._check_ids((token_id,))
+        return self._bytes_table[token_id]
+
+    @cached_property
+    def _bytes_table(self) -> list[bytes]:
+        # Built on first use: streaming needs it, plain encode/decode does not.
+        return token_bytes_table(self._vocab)
+
+    def _check_ids(self, ids: Iterable[int]) -> None:
+        n = self.vocab_size
+        for token_id in ids:
+            if not 0 <= token_id < n:
+                raise TokenizerError(f"token id {token_id} is outside the vocabulary (0..{n - 1})")
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(model={self._vocab.model!r}, vocab_size={self.vocab_size})"

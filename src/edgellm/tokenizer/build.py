@@ -1,0 +1,233 @@
+"""Tokenizers rebuilt from GGUF metadata, on top of the `tokenizers` library.
+
+A GGUF carries no tokenizer.json, only llama.cpp's description of one: the vocabulary, token
+types, and either BPE merges (byte-level "gpt2" vocabularies) or per-token scores
+(SentencePiece "llama" vocabularies). We rebuild the same tokenizer transformers builds from
+the same file, so token ids agree with the Hugging Face reference:
+
+* gpt2: byte-level BPE with the GPT-2 split regex, the file's merges as given.
+* llama: SentencePiece-style BPE with byte fallback and no prefix space (Gemma's kind; files
+  that ask for a prefix space are refused for now). The file has no merges, so they are
+  derived from the vocabulary (every split of a token into two vocabulary pieces), ranked by
+  token position (Gemma) or score -- slow enough (~1 s + build) that the result is cached on disk.
+
+CONTROL tokens become special added tokens and USER_DEFINED ones plain added tokens, so their
+text in the input maps to the single token, as llama.cpp does.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+from tokenizers.models import BPE
+
+from edgellm.errors import TokenizerError
+from edgellm.registry import cache_dir
+from edgellm.tokenizer.vocab import TokenType, Vocab
+
+SPIECE_SPACE = "\u2581"
+
+# Byte-level pre-tokenizer names whose split is GPT-2's regex, or one it agrees with on these
+# vocabularies: llama.cpp's "smollm" splits digits one by one, but SmolLM2's merges contain no
+# digit pairs and no space+digit pairs, so GPT-2's grouping tokenizes digits identically.
+_GPT2_SPLIT_PRES = frozenset({"default", "gpt2", "smollm"})
+
+# Architectures whose SentencePiece scores do not follow the merge order; their token order does.
+_POSITION_RANKED_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
+
+
+# -- byte-level ("gpt2") vocabularies ---------------------------------------------------------
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table: printable Latin-1 stands for itself, every
+    other byte is shifted to U+0100 and up, so no token needs whitespace or control characters."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in table)
+    table.update({b: chr(256 + i) for i, b in enumerate(shifted)})
+    return table
+
+
+_BYTE_TO_CHAR = _byte_alphabet()
+_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
+
+
+def _in_byte_alphabet(token: str) -> bool:
+    return all(c in _CHAR_TO_BYTE for c in token)
+
+
+def _byte_level_spelling(token: str) -> str:
+    # A few converted files store a token as plain text; the model still means its UTF-8 bytes.
+    if _in_byte_alphabet(token):
+        return token
+    return "".join(_BYTE_TO_CHAR[b] for b in token.encode("utf-8"))
+
+
+def _build_byte_level(vocab: Vocab) -> Backend:
+    if vocab.pre not in _GPT2_SPLIT_PRES:
+        raise TokenizerError(
+            f"unsupported byte-level pre-tokenizer {vocab.pre!r} (supported: {sorted(_GPT2_SPLIT_PRES)})")
+    spelled = {_byte_level_spelling(t): i for i, t in enumerate(vocab.tokens)}
+    merges = [_split_merge(m) for m in vocab.merges or ()]
+    backend = Backend(BPE(vocab=spelled, merges=merges, fuse_unk=False))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    # A CONTROL token outside the byte alphabet is a mislabelled ordinary token in these files.
+    _add_added_tokens(backend, vocab, spelled, special_ok=_in_byte_alphabet)
+    return backend
+
+
+def _split_merge(merge: str) -> tuple[str, str]:
+    left, sep, right = merge.partition(" ")
+    if not sep or not left or not right:
+        raise TokenizerError(f"malformed merge {merge!r} (expected 'left right')")
+    return left, right
+
+
+# -- SentencePiece ("llama") vocabularies -----------------------------------------------------
+
+
+def _sentencepiece_spelling(token: str) -> str:
+    # Gemma files store whitespace-run tokens with real spaces; the normalizer produces '▁'.
+    if token and not token.strip(" "):
+        return SPIECE_SPACE * len(token)
+    return token
+
+
+def _merge_order(vocab: Vocab, spelled: Mapping[str, int]) -> list[str]:
+    """Tokens from most to least preferred merge result."""
+    by_position = sorted(spelled, key=spelled.__getitem__)
+    if vocab.architecture in _POSITION_RANKED_ARCHS or vocab.scores is None:
+        return by_position
+    scores = vocab.scores
+    return sorted(by_position, key=lambda t: -float(scores[spelled[t]]))  # stable: ties keep position
+
+
+def _derive_merges(ordered: Iterable[str], spelled: Mapping[str, int]) -> list[tuple[str, str]]:
+    """SentencePiece BPE merges a token when both halves are pieces; list every such split, best
+    token first and, within a token, longest left half first (transformers' order, for parity)."""
+    merges: list[tuple[str, str]] = []
+    for token in ordered:
+        for cut in range(len(token) - 1, 0, -1):
+            left = token[:cut]
+            if left in spelled:
+                right = token[cut:]
+                if right in spelled:
+                    merges.append((left, right))
+    return merges
+
+
+def _build_sentencepiece(vocab: Vocab) -> Backend:
+    if vocab.pre != "default":
+        raise TokenizerError(f"unsupported SentencePiece pre-tokenizer {vocab.pre!r}")
+    if vocab.add_space_prefix:
+        # Llama-2-style vocabularies also need a prefix space on encode and its removal on
+        # decode; unverified against a reference model, so refused rather than guessed.
+        raise TokenizerError("SentencePiece vocabularies with add_space_prefix are not supported yet")
+    spelled = {_sentencepiece_spelling(t): i for i, t in enumerate(vocab.tokens)}
+    merges = _derive_merges(_merge_order(vocab, spelled), spelled)
+    unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
+    backend = Backend(BPE(vocab=spelled, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    # No pre-tokenizer: SentencePiece sees the whole text, spaces included, as one sequence.
+    backend.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    _add_added_tokens(backend, vocab, spelled, special_ok=lambda _t: True)
+    return backend
+
+
+# -- shared building --------------------------------------------------------------------------
+
+
+def _add_added_tokens(
+    backend: Backend, vocab: Vocab, spelled: Mapping[str, int], special_ok: Callable[[str], bool]
+) -> None:
+    # normalized=False: the raw input text is matched, before spaces become '▁' or bytes remap.
+    control = [
+        AddedToken(t, normalized=False, special=True)
+        for t, kind in zip(vocab.tokens, vocab.types)
+        if kind == TokenType.CONTROL and special_ok(t)
+    ]
+    user = [
+        AddedToken(t, normalized=False, special=False)
+        for t, kind in zip(vocab.tokens, vocab.types)
+        if kind == TokenType.USER_DEFINED and t in spelled
+    ]
+    if control:
+        backend.add_special_tokens(control)
+    if user:
+        backend.add_tokens(user)
+
+
+def _build(vocab: Vocab) -> Backend:
+    if vocab.model == "gpt2":
+        return _build_byte_level(vocab)
+    return _build_sentencepiece(vocab)
+
+
+def _cache_path(vocab: Vocab) -> Path:
+    return cache_dir() / "tokenizers" / f"{vocab.cache_key()}.json"
+
+
+def load_or_build(vocab: Vocab) -> Backend:
+    path = _cache_path(vocab)
+    if path.is_file():
+        try:
+            return Backend.from_file(str(path))
+        except Exception:  # a corrupt cache entry is rebuilt, never fatal
+            pass
+    backend = _build(vocab)
+    _save_atomically(backend, path)
+    return backend
+
+
+def _save_atomically(backend: Backend, path: Path) -> None:
+    # Write-then-rename so a concurrent reader never sees half a file; a read-only cache only
+    # costs speed, so failures are ignored.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+        os.close(fd)
+        try:
+            backend.save(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except Exception:  # OSError, or tokenizers' own error type from save()
+        pass
+
+
+# -- token bytes ------------------------------------------------------------------------------
+
+
+def _byte_token_value(token: str) -> int | None:
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return int(token[3:5], 16)
+        except ValueError:
+            return None
+    return None
+
+
+def token_bytes_table(vocab: Vocab) -> list[bytes]:
+    table: list[bytes] = []
+    byte_level = vocab.model == "gpt2"
+    for token, kind in zip(vocab.tokens, vocab.types):
+        if kind in (TokenType.CONTROL, TokenType.USER_DEFINED):
+            table.append(token.encode("utf-8"))
+        elif byte_level:
+            spelled = _byte_level_spelling(token)
+            table.append(bytes(_CHAR_TO_BYTE[c] for c in spelled))
+        elif kind == TokenType.BYTE and (value := _byte_token_value(token)) is not None:
+            table.append(bytes((value,)))
+        else:
+            table.append(token.replace(SPIECE_SPACE, " ").encode("utf-8"))
+    return table
+
+
