@@ -19,7 +19,7 @@ RAW_PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a t
                "量子计算机的基本原理是"]
 CHAT_PROMPTS = ["List three benefits of regular exercise.", "Translate to French: The weather is nice today.",
                 "Write a haiku about the sea. 🌊"]
-HELDOUT = (Path(__file__).parent / "data" / "heldout.txt").read_text()
+HELDOUT = (Path(edgellm.__file__).parent / "data" / "heldout.txt").read_text()
 TEACHER_FORCED_TOKENS = 1000
 
 

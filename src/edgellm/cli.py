@@ -34,12 +34,13 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                stop=tuple(args.stop))
+                stop=tuple(args.stop), ignore_eos=args.ignore_eos)
 
 
 def _load(args: argparse.Namespace):
@@ -150,6 +151,55 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgellm.bench.runner import BenchConfig, format_table, llama_cpp_available, run_bench
+    from edgellm.threads import default_threads
+
+    models = [m for m in args.model.split(",") if m]
+    for model in models:
+        resolve_model(model)
+    if args.profile:
+        return _profile(models[0], args)
+    config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,
+                         gen_tokens=args.gen_tokens, repeat=args.repeat, mode=args.mode,
+                         llama_cpp=not args.no_llama_cpp)
+    if config.llama_cpp and not llama_cpp_available():
+        print("llama-cpp-python is not installed (pip install '.[bench]'): edgellm only", file=sys.stderr)
+    report = run_bench(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.plot:
+        from edgellm.bench.plot import plot_report
+
+        print(f"plot written to {plot_report(report, args.plot)}", file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+def _profile(model_name: str, args: argparse.Namespace) -> int:
+    from edgellm.bench.profile import profile_decode
+    from edgellm.model import load
+
+    threads = args.threads[0] if args.threads else None
+    with load(model_name, mode=args.mode, threads=threads) as model:
+        print(profile_decode(model, prompt_tokens=args.prompt_tokens[0]))
+    return 0
+
+
+def resolve_model(name: str):
+    from edgellm.registry import resolve
+
+    return resolve(name)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgellm", description="On-device LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,6 +220,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(chat)
     _add_sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    bench = sub.add_parser("bench", help="TTFT, prefill/decode speed and peak RSS, side by side with llama.cpp")
+    bench.add_argument("-m", "--model", default=DEFAULT_MODEL, help="comma-separated names or paths")
+    bench.add_argument("--threads", type=_int_list, default=None, help="e.g. 1,2 (default: physical cores)")
+    bench.add_argument("--prompt-tokens", type=_int_list, default=[128, 512])
+    bench.add_argument("--gen-tokens", type=int, default=128)
+    bench.add_argument("--repeat", type=int, default=3)
+    bench.add_argument("--mode", choices=("fast", "exact"), default="fast")
+    bench.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp comparison")
+    bench.add_argument("--json", action="store_true", help="print the full report as JSON")
+    bench.add_argument("--plot", default=None, metavar="PNG", help="write speed vs prompt length / threads")
+    bench.add_argument("--profile", action="store_true", help="print where decode time goes, per op type")
+    bench.set_defaults(func=cmd_bench)
 
     info = sub.add_parser("info", help="describe a model file")
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL)

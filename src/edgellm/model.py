@@ -11,6 +11,7 @@ import torch
 
 from edgellm.chat_template import ChatTemplate
 from edgellm.formats.gguf import GGUFFile, open_gguf
+from edgellm.memory import return_large_frees_to_os, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.models import build_model
 from edgellm.registry import resolve
@@ -122,9 +123,12 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast",
     mode "fast" keeps 4-bit weights packed and multiplies in bf16; "exact" dequantizes
     everything to fp32 (slow; the reference for parity checks)."""
     configure_threads(threads)
+    return_large_frees_to_os()
     source = open_gguf(resolve(name_or_path))
     try:
-        return Model(source, mode, context_length)
+        model = Model(source, mode, context_length)
     except BaseException:
         source.close()
         raise
+    trim()
+    return model

@@ -80,6 +80,14 @@ def test_fused_int4(specs):
         assert _rel_err(piece, F.linear(x.float(), dequantize(*part))) < INT4_REL_TOL
 
 
+def test_fused_4_and_8_bit_parts_share_two_planes():
+    parts = [_part("Q4_K", 256, 512), _part("Q8_0", 64, 512)]
+    fast = make_fused_linear(parts, mode="fast")
+    assert isinstance(fast, Int4Linear) and fast.planes == 2 and fast.out_splits == [256, 64]
+    x = _x(512, dtype=torch.float32)
+    assert _rel_err(fast(x), F.linear(x, _weight(parts))) < INT4_REL_TOL
+
+
 def test_fused_mixed_types_fall_back_to_dense():
     parts = [_part("Q4_K", 256, 512), _part("Q6_K", 64, 512), _part("Q8_0", 64, 512)]
     weight = _weight(parts)
@@ -95,7 +103,31 @@ def test_fused_mixed_types_fall_back_to_dense():
     assert torch.equal(exact(x), F.linear(x, weight))
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q6_K", "Q5_0", "F16", "F32"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0", "Q5_1"])
+def test_five_to_eight_bit_formats_become_two_exact_4bit_planes(fmt):
+    n, k = 48, 64
+    part = _part(fmt, n, k)
+    lin = make_linear(*part, mode="fast")
+    assert isinstance(lin, Int4Linear) and lin.planes == 2
+    assert lin.in_features == k and lin.nbytes == n * k + 2 * (2 * k // 32) * n * 2
+    x = _x(k)
+    assert _rel_err(lin(x), F.linear(x.float(), dequantize(*part))) < INT4_REL_TOL
+
+
+def test_two_planes_reproduce_8bit_integers_exactly():
+    # Scales, zeros and x all exactly representable in bf16: the only rounding left is the
+    # kernel's fp32 accumulation, so any plane-splitting mistake would show.
+    q = torch.randint(0, 256, (32, 64), dtype=torch.uint8)
+    scale = 2.0 ** torch.randint(-6, -2, (32, 2)).float()
+    zero = torch.randint(-64, 64, (32, 2)).float() / 64
+    lin = Int4Linear.from_affine(q, scale, zero, bits=8)
+    weight = q.float() * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1)
+    x = torch.randn(3, 64).to(torch.bfloat16).float()
+    torch.testing.assert_close(lin(x), x @ weight.T, rtol=1e-2, atol=1e-2)
+    assert (lin(x) - x @ weight.T).abs().max() <= 1e-2 * (x @ weight.T).abs().max()
+
+
+@pytest.mark.parametrize("fmt", ["Q6_K", "F16", "F32"])
 def test_fast_mode_other_types_are_bf16_dense(fmt):
     k = 512 if fmt == "Q6_K" else 64
     lin = make_linear(*_part(fmt, 48, k), mode="fast")

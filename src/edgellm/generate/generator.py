@@ -2,7 +2,6 @@
 until EOS, a stop string, max_tokens or the end of the context."""
 from __future__ import annotations
 
-import resource
 import time
 from typing import Callable, Iterator, Protocol
 
@@ -13,16 +12,13 @@ from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenE
 from edgellm.generate.sampling import Sampler, SamplingParams
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
 from edgellm.kv import make_caches
+from edgellm.memory import peak_rss_bytes
 
 
 class CausalLM(Protocol):
     config: object  # has n_layers, context_length
 
     def __call__(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor: ...
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, *,
@@ -48,7 +44,7 @@ def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingPara
             token = sampler(logits, history)
             if step == 0:
                 first_token_at = time.perf_counter()
-            if token in eos_ids:
+            if token in eos_ids and not params.ignore_eos:
                 finish, stop = "stop", token
                 break
             history.append(token)

@@ -19,6 +19,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
     def __post_init__(self) -> None:
         checks = [

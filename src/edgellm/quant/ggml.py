@@ -327,6 +327,48 @@ def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...]) -> tor
     return out.reshape(shape)
 
 
+# Formats whose weights are small unsigned integers times a per-32 scale plus offset.
+AFFINE_BITS = {GGMLType.Q4_0: 4, GGMLType.Q4_1: 4, GGMLType.Q4_K: 4,
+               GGMLType.Q5_0: 5, GGMLType.Q5_1: 5, GGMLType.Q8_0: 8}
+
+
+def _affine_blocks(t: GGMLType, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, block_bytes) -> q (B, elems) uint8, scale and zero (B, elems // 32): w = q*scale + zero."""
+    if t == GGMLType.Q4_0:
+        d = _f16(b, 0)
+        return _q4_0_q(b), d, -8 * d
+    if t == GGMLType.Q4_1:
+        return _q4_1_q(b), _f16(b, 0), _f16(b, 2)
+    if t == GGMLType.Q5_0:
+        d = _f16(b, 0)
+        return _nibbles(b[:, 6:22]) | (_bits_le(b[:, 2:6]) << 4), d, -16 * d
+    if t == GGMLType.Q5_1:
+        return _nibbles(b[:, 8:24]) | (_bits_le(b[:, 4:8]) << 4), _f16(b, 0), _f16(b, 2)
+    if t == GGMLType.Q8_0:
+        d = _f16(b, 0)
+        return (b[:, 2:34].view(torch.int8).to(torch.int16) + 128).to(torch.uint8), d, -128 * d
+    q, scale, mins = _q4_k_parts(b)  # Q4_K: q (B, 8, 32), scale/mins (B, 8)
+    return q.reshape(q.shape[0], -1), scale, -mins
+
+
+def integer_affine(
+    raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Split a weight (N, K) of an AFFINE_BITS type into q, scale, zero, bits with
+
+        w[n, k] = q[n, k] * scale[n, k // 32] + zero[n, k // 32]
+
+    q is uint8 (N, K) below 2**bits; scale and zero are float32 (N, K // 32). Exact: the
+    integers are the file's own, the scales its fp16 values."""
+    t = _checked(raw, ggml_type, tuple(shape), frozenset(AFFINE_BITS))
+    if len(shape) != 2:
+        raise ValueError(f"integer_affine needs a 2-D weight, got shape {tuple(shape)}")
+    n, k = shape
+    q, scale, zero = _affine_blocks(t, raw.reshape(-1, BLOCK_SIZES[t][1]))
+    groups = k // INT4_GROUP
+    return q.reshape(n, k), scale.reshape(n, groups), zero.reshape(n, groups), AFFINE_BITS[t]
+
+
 def int4_affine(
     raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -334,21 +376,7 @@ def int4_affine(
 
         w[n, k] = (q[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32]
 
-    q is uint8 (N, K) in 0..15; scale and zero are float32 (N, K // 32).
-    """
-    t = _checked(raw, ggml_type, tuple(shape), INT4_TYPES)
-    if len(shape) != 2:
-        raise ValueError(f"int4_affine needs a 2-D weight, got shape {tuple(shape)}")
-    n, k = shape
-    blocks = raw.reshape(-1, BLOCK_SIZES[t][1])  # (n_blocks, block_bytes)
-    if t == GGMLType.Q4_0:
-        q, scale = _q4_0_q(blocks), _f16(blocks, 0)
-        zero = torch.zeros_like(scale)  # w = (q - 8) * d
-    elif t == GGMLType.Q4_1:
-        q, scale = _q4_1_q(blocks), _f16(blocks, 0)
-        zero = _f16(blocks, 2) + 8 * scale  # q*d + m = (q - 8)*d + (m + 8d)
-    else:
-        q, scale, mins = _q4_k_parts(blocks)  # q (B, 8, 32), scale/mins (B, 8)
-        zero = 8 * scale - mins  # d*sc*q - dmin*m = (q - 8)*d*sc + (8*d*sc - dmin*m)
-    groups = k // INT4_GROUP
-    return q.reshape(n, k), scale.reshape(n, groups), zero.reshape(n, groups)
+    (the int4 kernel's convention); q is uint8 (N, K) in 0..15."""
+    _checked(raw, ggml_type, tuple(shape), INT4_TYPES)
+    q, scale, zero, _ = integer_affine(raw, ggml_type, shape)
+    return q, scale, zero + 8 * scale

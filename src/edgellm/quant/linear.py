@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ggml import INT4_GROUP, INT4_TYPES, dequantize, int4_affine, type_name
+from .ggml import AFFINE_BITS, INT4_GROUP, dequantize, integer_affine, type_name
 
 __all__ = [
     "MODES",
@@ -71,17 +71,54 @@ class Int4Linear(nn.Module):
 
     Weight w[n, k] = (q[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32];
     scale and zero are held in bfloat16, as the kernel requires for bf16 input.
+
+    With planes=2, q/scale/zero hold two 4-bit planes side by side along K (see
+    from_affine) and x is repeated to match: [W_hi W_lo] @ [x; x] = (W_hi + W_lo) @ x,
+    so one kernel call multiplies by an up-to-8-bit weight.
     """
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int = 1):
         super().__init__()
         n, k = _check_int4_parts(q, scale, zero)
-        self.in_features, self.out_features = k, n
+        if k % planes:
+            raise ValueError(f"K = {k} does not split into {planes} planes")
+        self.planes = planes
+        self.in_features, self.out_features = k // planes, n
         self.register_buffer("packed", _pack_int4(q))  # (N, K // 2) uint8
         scale_zero = torch.stack([scale, zero], dim=-1)  # (N, K // 32, 2)
         self.register_buffer(
             "scale_zero", scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16)
         )  # (K // 32, N, 2)
+
+    @classmethod
+    def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> Int4Linear:
+        """From w = q * scale + zero per group of 32, q < 2**bits (bits <= 8), exactly.
+
+        Up to 4 bits: one plane, zero shifted by 8·scale for the kernel's (q - 8).
+        5 to 8 bits: q = 16·hi + lo, so w = [(hi - 8)·16s + 128s] + [(lo - 8)·s + 8s + zero]."""
+        if bits <= 4:
+            return cls(q, scale, zero + 8 * scale)
+        if bits > 8:
+            raise ValueError(f"at most 8-bit integers fit two 4-bit planes, got {bits}")
+        planes_q = torch.cat([q >> 4, q & 15], dim=1)  # (N, 2K)
+        planes_scale = torch.cat([16 * scale, scale], dim=1)  # (N, 2K // 32)
+        planes_zero = torch.cat([128 * scale, 8 * scale + zero], dim=1)
+        return cls(planes_q, planes_scale, planes_zero, planes=2)
+
+    @classmethod
+    def stacked(cls, pieces: Sequence[Int4Linear]) -> Int4Linear:
+        """Stack linears with the same K and planes along N (their outputs concatenate)."""
+        if len({(p.in_features, p.planes) for p in pieces}) != 1:
+            raise ValueError("stacked pieces must share in_features and planes")
+        if len(pieces) == 1:
+            return pieces[0]
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.planes, out.in_features = pieces[0].planes, pieces[0].in_features
+        out.out_features = sum(p.out_features for p in pieces)
+        out.register_buffer("packed", torch.cat([p.packed for p in pieces]))
+        out.register_buffer("scale_zero", torch.cat([p.scale_zero for p in pieces], dim=1))
+        return out
 
     @staticmethod
     def supports(n: int, k: int) -> bool:
@@ -94,14 +131,15 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (M, K)
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
+        x2 = x2.repeat(1, self.planes) if self.planes > 1 else x2.contiguous()  # (M, planes·K)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x2, self.packed, INT4_GROUP, self.scale_zero
         )  # (M, N) bf16
         return y.reshape(*lead, self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={INT4_GROUP}"
+        return f"in={self.in_features}, out={self.out_features}, group={INT4_GROUP}, planes={self.planes}"
 
 
 def _check_int4_parts(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[int, int]:
@@ -170,7 +208,7 @@ def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
     n_total = sum(s[0] for s in shapes)
     use_int4 = (
         mode == "fast"
-        and all(p[1] in INT4_TYPES for p in parts)
+        and all(p[1] in AFFINE_BITS for p in parts)
         and Int4Linear.supports(n_total, k)
     )
     if use_int4:
@@ -183,10 +221,33 @@ def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
 
 
 def _fused_int4(parts: Sequence[WeightPart]) -> Int4Linear:
-    # Mixed Q4_0/Q4_1/Q4_K parts are fine: all share the same affine form.
-    affine = [int4_affine(raw, t, tuple(shape)) for raw, t, shape in parts]
-    q, scale, zero = (torch.cat(fields) for fields in zip(*affine))
-    return Int4Linear(q, scale, zero)
+    # Mixed formats are fine: all share the form q * scale + zero; the widest sets the planes.
+    # Rows go through in chunks so a 262k-row embedding never has all its temporaries alive.
+    bits = max(AFFINE_BITS[t] for _, t, _ in parts)
+    pieces = []
+    for raw, t, (n, k) in parts:
+        rows = raw.view(n, -1)  # whole blocks per row
+        for start in range(0, n, _PACK_ROWS):
+            chunk = rows[start:start + _PACK_ROWS]
+            q, scale, zero, _ = integer_affine(chunk.reshape(-1), t, (chunk.shape[0], k))
+            pieces.append((q, scale, zero))
+    # Neighbouring small pieces are joined first: the kernel packs N in blocks of 64 rows.
+    return Int4Linear.stacked([Int4Linear.from_affine(*piece, bits=bits) for piece in _regroup(pieces)])
+
+
+def _regroup(pieces: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
+    """Join consecutive (q, scale, zero) row pieces into chunks of about _PACK_ROWS rows
+    whose sizes are multiples of 64, so packing them separately equals packing the whole."""
+    groups, current, rows = [], [], 0
+    for piece in pieces:
+        current.append(piece)
+        rows += piece[0].shape[0]
+        if rows >= _PACK_ROWS and rows % 64 == 0:
+            groups.append(current)
+            current, rows = [], 0
+    if current:
+        groups.append(current)
+    return [tuple(torch.cat(f) for f in zip(*g)) if len(g) > 1 else g[0] for g in groups]
 
 
 def _fused_dense(parts: Sequence[WeightPart], dtype: torch.dtype) -> DenseLinear:

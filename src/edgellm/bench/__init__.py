@@ -1,0 +1,1 @@
+"""Benchmarks: `edgellm bench` (TTFT, prefill/decode tok/s, peak RSS, vs llama.cpp)."""

@@ -1,0 +1,72 @@
+"""The engines a benchmark compares, behind one tiny interface: load, then timed runs.
+
+Each engine runs in its own worker process (see worker.py), so its peak RSS and cold start
+are its own."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+
+def bench_text() -> str:
+    return resources.files("edgellm").joinpath("data/heldout.txt").read_text()
+
+
+def prompt_of(tokens: list[int], n: int) -> list[int]:
+    """n prompt tokens: the held-out text's tokens, repeated as needed."""
+    if not tokens:
+        raise ValueError("empty token list")
+    return (tokens * (n // len(tokens) + 1))[:n]
+
+
+@dataclass(frozen=True)
+class RunTiming:
+    ttft_s: float  # prompt in -> first generated token out (prefill + first sample)
+    decode_s: float  # first token -> last token
+    generated: int
+
+
+class EdgeEngine:
+    name = "edgellm"
+
+    def __init__(self, path: str, threads: int, mode: str = "fast"):
+        import edgellm
+
+        self.model = edgellm.load(path, threads=threads, mode=mode)
+
+    def tokens(self, text: str) -> list[int]:
+        return self.model.tokenizer.encode(text, add_special_tokens=False)
+
+    def run(self, ids: list[int], gen: int) -> RunTiming:
+        done = self.model.generate(ids, max_tokens=gen, ignore_eos=True)
+        t = done.timings
+        return RunTiming(t.ttft_s, t.decode_s, t.completion_tokens)
+
+
+class LlamaCppEngine:
+    """llama.cpp through llama-cpp-python (the `bench` extra), greedy, same token ids."""
+
+    name = "llama.cpp"
+
+    def __init__(self, path: str, threads: int, n_ctx: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         n_batch=512, verbose=False)
+
+    def tokens(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode(), add_bos=False, special=False)
+
+    def run(self, ids: list[int], gen: int) -> RunTiming:
+        self.llm.reset()
+        start = time.perf_counter()
+        first = last = start
+        count = 0
+        for count, _ in enumerate(self.llm.generate(ids, top_k=1, temp=0.0, reset=True), start=1):
+            last = time.perf_counter()
+            if count == 1:
+                first = last
+            if count == gen:
+                break
+        return RunTiming(first - start, last - first, count)

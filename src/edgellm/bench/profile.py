@@ -1,0 +1,24 @@
+"""Where decode time goes, per op type (torch.profiler over a run of decode steps)."""
+from __future__ import annotations
+
+import torch
+
+
+def profile_decode(model, prompt_tokens: int = 128, steps: int = 32, rows: int = 20) -> str:
+    from edgellm.bench.engines import bench_text, prompt_of
+    from edgellm.kv import make_caches
+
+    ids = prompt_of(model.tokenizer.encode(bench_text(), add_special_tokens=False), prompt_tokens)
+    caches = make_caches(model.config.n_layers)
+    net = model.net
+    with torch.inference_mode():
+        token = int(net(torch.tensor([ids]), caches, last_only=True)[0, -1].argmax())
+        for _ in range(4):  # warm up allocator and kernels
+            token = int(net(torch.tensor([[token]]), caches, last_only=True)[0, -1].argmax())
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                token = int(net(torch.tensor([[token]]), caches, last_only=True)[0, -1].argmax())
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    total_ms = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1000 / steps
+    ops = sum(e.count for e in prof.key_averages()) / steps
+    return f"{table}\nper decode step: {total_ms:.2f} ms of op time, {ops:.0f} op calls"

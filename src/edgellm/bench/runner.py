@@ -1,0 +1,104 @@
+"""`edgellm bench`: each engine in a fresh process per (model, threads), medians over repeats,
+ratios against llama.cpp on the same GGUF file in the same run."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+
+from edgellm.errors import EdgeLLMError
+from edgellm.registry import resolve
+
+
+@dataclass
+class BenchConfig:
+    models: list[str]
+    threads: list[int]
+    prompt_tokens: list[int] = field(default_factory=lambda: [128, 512])
+    gen_tokens: int = 128
+    repeat: int = 3
+    mode: str = "fast"
+    llama_cpp: bool = True  # compare when llama-cpp-python is installed
+
+
+def llama_cpp_available() -> bool:
+    return find_spec("llama_cpp") is not None
+
+
+def _spawn(cfg: dict, threads: int) -> dict:
+    # OMP_NUM_THREADS must be in the environment before torch is imported (see docs/performance.md).
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    spawned = time.time()
+    proc = subprocess.run([sys.executable, "-m", "edgellm.bench.worker", json.dumps(cfg)],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise EdgeLLMError(f"{cfg['engine']} worker failed: {proc.stderr.strip().splitlines()[-1:]}")
+    raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    raw["cold_start_s"] = raw.pop("first_token_epoch") - spawned
+    return raw
+
+
+def _summarize(raw: dict, gen: int) -> dict:
+    """Medians over repeats of TTFT, prefill and decode speed, per prompt length."""
+    by_prompt = {}
+    for n, runs in raw["runs"].items():
+        ttft = statistics.median(r["ttft_s"] for r in runs)
+        decode = statistics.median((r["generated"] - 1) / r["decode_s"] for r in runs if r["decode_s"] > 0)
+        by_prompt[n] = dict(ttft_s=ttft, prefill_tok_s=int(n) / ttft, decode_tok_s=decode)
+    return dict(load_s=raw["load_s"], cold_start_s=raw["cold_start_s"], peak_rss_mb=raw["peak_rss_bytes"] / 2**20,
+                runtime_rss_mb=raw["runtime_rss_bytes"] / 2**20, by_prompt=by_prompt)
+
+
+def _ratios(ours: dict, theirs: dict) -> dict:
+    out = {}
+    for n, o in ours["by_prompt"].items():
+        t = theirs["by_prompt"][n]
+        out[n] = dict(prefill=o["prefill_tok_s"] / t["prefill_tok_s"], decode=o["decode_tok_s"] / t["decode_tok_s"],
+                      ttft=o["ttft_s"] / t["ttft_s"])
+    out["rss_above_runtime_vs_their_peak"] = (ours["peak_rss_mb"] - ours["runtime_rss_mb"]) / theirs["peak_rss_mb"]
+    return out
+
+
+def run_bench(config: BenchConfig, progress=print) -> dict:
+    engines = ["edgellm"] + (["llama.cpp"] if config.llama_cpp and llama_cpp_available() else [])
+    results = []
+    for model in config.models:
+        path = str(resolve(model))
+        for threads in config.threads:
+            entry = dict(model=model, path=path, threads=threads, engines={})
+            for engine in engines:
+                progress(f"{model} · {threads} threads · {engine} ...")
+                cfg = dict(engine=engine, path=path, threads=threads, prompt_tokens=config.prompt_tokens,
+                           gen_tokens=config.gen_tokens, repeat=config.repeat, mode=config.mode)
+                entry["engines"][engine] = _summarize(_spawn(cfg, threads), config.gen_tokens)
+            if "llama.cpp" in entry["engines"]:
+                entry["ratio_vs_llama_cpp"] = _ratios(entry["engines"]["edgellm"], entry["engines"]["llama.cpp"])
+            results.append(entry)
+    return dict(config=config.__dict__, results=results)
+
+
+def format_table(report: dict) -> str:
+    lines = []
+    for entry in report["results"]:
+        lines.append(f"\n{entry['model']} — {entry['threads']} threads")
+        lines.append(f"{'engine':<11}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
+                     f"{'load s':>8}{'cold s':>8}{'peak MB':>9}")
+        for name, e in entry["engines"].items():
+            for n, m in e["by_prompt"].items():
+                lines.append(f"{name:<11}{n:>7}{m['ttft_s'] * 1000:>9.0f}{m['prefill_tok_s']:>12.0f}"
+                             f"{m['decode_tok_s']:>11.1f}{e['load_s']:>8.2f}{e['cold_start_s']:>8.2f}{e['peak_rss_mb']:>9.0f}")
+        ratio = entry.get("ratio_vs_llama_cpp")
+        if ratio:
+            for n, r in ratio.items():
+                if isinstance(r, dict):
+                    lines.append(f"{'ratio':<11}{n:>7}{r['ttft']:>9.2f}{r['prefill']:>12.2f}{r['decode']:>11.2f}")
+            ours = entry["engines"]["edgellm"]
+            lines.append(f"edgellm RSS above its runtime ({ours['runtime_rss_mb']:.0f} MB): "
+                         f"{ours['peak_rss_mb'] - ours['runtime_rss_mb']:.0f} MB = "
+                         f"{ratio['rss_above_runtime_vs_their_peak']:.2f}× llama.cpp's peak")
+    return "\n".join(lines)
