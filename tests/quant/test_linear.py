@@ -123,8 +123,8 @@ def test_two_planes_reproduce_8bit_integers_exactly():
     lin = Int4Linear.from_affine(q, scale, zero, bits=8)
     weight = q.float() * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1)
     x = torch.randn(3, 64).to(torch.bfloat16).float()
-    torch.testing.assert_close(lin(x), x @ weight.T, rtol=1e-2, atol=1e-2)
-    assert (lin(x) - x @ weight.T).abs().max() <= 1e-2 * (x @ weight.T).abs().max()
+    y, ref = lin(x).float(), x @ weight.T
+    assert (y - ref).abs().max() <= 1e-2 * ref.abs().max()
 
 
 @pytest.mark.parametrize("fmt", ["Q6_K", "F16", "F32"])
@@ -156,11 +156,11 @@ def test_exact_mode_is_fp32_dequantized():
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_output_dtype_and_leading_dims_follow_input(mode, dtype):
+def test_output_is_in_compute_dtype_with_input_leading_dims(mode, dtype):
     lin = make_linear(*_part("Q4_0", 32, 64), mode=mode)
     x = torch.randn(2, 3, 64).to(dtype)
     y = lin(x)
-    assert y.dtype == dtype and y.shape == (2, 3, 32)
+    assert y.dtype == (torch.float32 if mode == "exact" else torch.bfloat16) and y.shape == (2, 3, 32)
     assert lin(x[:, :0]).shape == (2, 0, 32)  # empty batch
 
 

@@ -77,12 +77,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim,
-                                          self.n_kv_heads * self.head_dim], dim=-1)
-        q = self.q_norm(q.view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, Hq, T, D)
-        k = self.k_norm(k.view(b, t, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B, Hkv, T, D)
-        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        qkv = self.qkv_proj(x).float().view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        q = apply_rotary(self.q_norm(qkv[:, :, :self.n_heads]), *rope).transpose(1, 2)  # (B, Hq, T, D)
+        k = apply_rotary(self.k_norm(qkv[:, :, self.n_heads:-self.n_kv_heads]), *rope).transpose(1, 2)
+        v = qkv[:, :, -self.n_kv_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         start = cache.offset
         k, v = cache.update_and_fetch(k, v)
         out = attention(q, k, v, q_start=start, scale=self.scale, window=self.window)

@@ -7,17 +7,16 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x²) + eps) · w, computed in fp32 whatever the input dtype."""
+    """y = x / sqrt(mean(x²) + eps) · w, in fp32 (the residual stream's dtype) whatever x's."""
 
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
         self.weight = nn.Parameter(weight.float(), requires_grad=False)
+        self.shape = tuple(weight.shape)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight).to(x.dtype)
+        return F.rms_norm(x.float(), self.shape, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -34,15 +33,18 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, d/2)
+        """cos and sin of each position's angles, (T, 1, D), both halves repeated."""
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # (T, 1, D)
         return angles.cos(), angles.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, H, T, D); cos, sin: (T, D/2)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+    """x·cos + rotate_half(x)·sin with rotate_half(x1, x2) = (-x2, x1).
+
+    x: (B, T, H, D) fp32; cos, sin: (T, 1, D). Few ops: decode speed is op count."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int,

@@ -74,15 +74,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
         b, t, _ = x.shape
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj(x).float()
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        q, k, v = qkv.split([self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim,
-                             self.n_kv_heads * self.head_dim], dim=-1)
-        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
-        k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        qkv = qkv.view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        qk = apply_rotary(qkv[:, :, :self.n_heads + self.n_kv_heads], *rope)  # q and k in one go
+        q = qk[:, :, :self.n_heads].transpose(1, 2)  # (B, Hq, T, D)
+        k = qk[:, :, self.n_heads:].transpose(1, 2)  # (B, Hkv, T, D)
+        v = qkv[:, :, self.n_heads + self.n_kv_heads:].transpose(1, 2)
         start = cache.offset
         k, v = cache.update_and_fetch(k, v)
         out = attention(q, k, v, q_start=start, scale=self.scale)

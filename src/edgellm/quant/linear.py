@@ -1,7 +1,8 @@
 """Linear layers built from GGML weights: dense (fp32 or bf16) and packed 4-bit.
 
 Weights are (N, K) = (out_features, in_features); forward takes (..., K) and
-returns (..., N) in the input's dtype.
+returns (..., N) in the layer's compute dtype (bf16 in fast mode, fp32 in exact mode):
+callers decide where to widen, so no cast is spent where the next op takes bf16 anyway.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ class DenseLinear(nn.Module):
         return self.weight.numel() * self.weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.compute_dtype), self.weight).to(x.dtype)
+        return F.linear(x.to(self.compute_dtype), self.weight)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, dtype={self.compute_dtype}"
@@ -136,7 +137,7 @@ class Int4Linear(nn.Module):
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x2, self.packed, INT4_GROUP, self.scale_zero
         )  # (M, N) bf16
-        return y.reshape(*lead, self.out_features).to(x.dtype)
+        return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group={INT4_GROUP}, planes={self.planes}"
