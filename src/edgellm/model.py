@@ -61,6 +61,7 @@ class Model:
         self.tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
         self.net = build_model(source, self.tokenizer.vocab_size, mode)
+        source.drop_pages()
         self.config = self.net.config
         self.context_length = min(context_length or self.config.context_length, self.config.context_length)
         self.info = describe(source)

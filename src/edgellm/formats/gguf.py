@@ -198,6 +198,21 @@ class GGUFFile:
         info = self.tensors[name]
         return torch.frombuffer(self._map, dtype=torch.uint8, count=info.nbytes, offset=info.offset)
 
+    def drop_pages(self, names: list[str] | None = None) -> None:
+        """Tell the OS these tensors' mapped pages (default: all) need not stay resident.
+
+        Once load has converted a weight into a packed copy, the file pages it read would
+        otherwise count in RSS until memory pressure evicts them. A view still in use (an
+        embedding table) simply faults its pages back in, row by row, on access."""
+        if self._map.closed or not hasattr(self._map, "madvise"):
+            return
+        spans = [(self.data_offset, len(self._map))] if names is None else [
+            (self.tensors[n].offset, self.tensors[n].offset + self.tensors[n].nbytes) for n in names]
+        page = mmap.PAGESIZE
+        for start, end in spans:
+            start = start // page * page
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     @property
     def file_size(self) -> int:
         return len(self._map)

@@ -54,6 +54,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int
     q: (B, Hq, T, D) at positions q_start..q_start+T-1; k, v: (B, Hkv, S, D) at 0..S-1.
     A key is visible when k_pos <= q_pos and, with a window, q_pos - k_pos < window."""
     t, s = q.shape[2], k.shape[2]
+    if t == s and t > 1 and (window is None or window >= s):
+        # A fresh prefill: the flash kernel's own causal path skips the masked half.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     mask = None
     if t > 1 or (window is not None and s > window):
         q_pos = torch.arange(q_start, q_start + t)[:, None]

@@ -10,7 +10,7 @@ import torch
 from edgellm.errors import ModelFormatError
 from edgellm.quant.embedding import QuantEmbedding
 from edgellm.quant.ggml import dequantize
-from edgellm.quant.linear import make_fused_linear, make_linear
+from edgellm.quant.linear import make_fused_linear
 
 
 class TensorSource(Protocol):
@@ -61,9 +61,15 @@ class Weights:
         for n, (_, _, shape) in zip(names, parts):
             if len(shape) != 2:
                 raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
-        if len(parts) == 1:
-            return make_linear(*parts[0], mode=self.mode)
-        return make_fused_linear(parts, mode=self.mode)
+        linear = make_fused_linear(parts, mode=self.mode)
+        self._release(names)
+        return linear
+
+    def _release(self, names) -> None:
+        # The linear holds its own converted copy: the file pages need not stay resident.
+        drop = getattr(self.source, "drop_pages", None)
+        if drop is not None:
+            drop(list(names))
 
     def bias(self, *names: str) -> torch.Tensor | None:
         if not all(self.has(n) for n in names):

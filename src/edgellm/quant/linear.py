@@ -6,7 +6,7 @@ callers decide where to widen, so no cast is spent where the next op takes bf16 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -107,19 +107,21 @@ class Int4Linear(nn.Module):
         return cls(planes_q, planes_scale, planes_zero, planes=2)
 
     @classmethod
-    def stacked(cls, pieces: Sequence[Int4Linear]) -> Int4Linear:
-        """Stack linears with the same K and planes along N (their outputs concatenate)."""
-        if len({(p.in_features, p.planes) for p in pieces}) != 1:
-            raise ValueError("stacked pieces must share in_features and planes")
-        if len(pieces) == 1:
-            return pieces[0]
+    def empty(cls, n: int, k: int, planes: int) -> Int4Linear:
+        """An (n, k) layer with uninitialized weights, to be filled row block by row block."""
         out = cls.__new__(cls)
         nn.Module.__init__(out)
-        out.planes, out.in_features = pieces[0].planes, pieces[0].in_features
-        out.out_features = sum(p.out_features for p in pieces)
-        out.register_buffer("packed", torch.cat([p.packed for p in pieces]))
-        out.register_buffer("scale_zero", torch.cat([p.scale_zero for p in pieces], dim=1))
+        out.planes, out.in_features, out.out_features = planes, k, n
+        out.register_buffer("packed", torch.empty(n, planes * k // 2, dtype=torch.uint8))
+        out.register_buffer("scale_zero", torch.empty(planes * k // INT4_GROUP, n, 2, dtype=torch.bfloat16))
         return out
+
+    def fill_rows(self, row: int, piece: Int4Linear) -> int:
+        """Copy `piece`'s rows in at `row`; returns the next free row."""
+        n = piece.out_features
+        self.packed[row:row + n] = piece.packed
+        self.scale_zero[:, row:row + n] = piece.scale_zero
+        return row + n
 
     @staticmethod
     def supports(n: int, k: int) -> bool:
@@ -223,32 +225,40 @@ def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
 
 def _fused_int4(parts: Sequence[WeightPart]) -> Int4Linear:
     # Mixed formats are fine: all share the form q * scale + zero; the widest sets the planes.
-    # Rows go through in chunks so a 262k-row embedding never has all its temporaries alive.
+    # Rows stream through in chunks, so a 262k-row head never has all its temporaries alive.
     bits = max(AFFINE_BITS[t] for _, t, _ in parts)
-    pieces = []
+    out = Int4Linear.empty(sum(shape[0] for _, _, shape in parts), parts[0][2][1], planes=1 if bits <= 4 else 2)
+    row = 0
+    for group in _row_groups(_row_pieces(parts)):
+        row = out.fill_rows(row, Int4Linear.from_affine(*group, bits=bits))
+    return out
+
+
+def _row_pieces(parts: Sequence[WeightPart]) -> Iterator[tuple[torch.Tensor, ...]]:
+    """(q, scale, zero) for consecutive row chunks of the parts, stacked in order."""
     for raw, t, (n, k) in parts:
         rows = raw.view(n, -1)  # whole blocks per row
         for start in range(0, n, _PACK_ROWS):
             chunk = rows[start:start + _PACK_ROWS]
-            q, scale, zero, _ = integer_affine(chunk.reshape(-1), t, (chunk.shape[0], k))
-            pieces.append((q, scale, zero))
-    # Neighbouring small pieces are joined first: the kernel packs N in blocks of 64 rows.
-    return Int4Linear.stacked([Int4Linear.from_affine(*piece, bits=bits) for piece in _regroup(pieces)])
+            yield integer_affine(chunk.reshape(-1), t, (chunk.shape[0], k))[:3]
 
 
-def _regroup(pieces: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
-    """Join consecutive (q, scale, zero) row pieces into chunks of about _PACK_ROWS rows
-    whose sizes are multiples of 64, so packing them separately equals packing the whole."""
-    groups, current, rows = [], [], 0
+def _row_groups(pieces: Iterator[tuple[torch.Tensor, ...]]) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Join consecutive row pieces into groups of at least _PACK_ROWS rows, a multiple of 64,
+    so packing groups separately equals packing the whole (the kernel packs N in 64s)."""
+    current, rows = [], 0
     for piece in pieces:
         current.append(piece)
         rows += piece[0].shape[0]
         if rows >= _PACK_ROWS and rows % 64 == 0:
-            groups.append(current)
+            yield _join(current)
             current, rows = [], 0
     if current:
-        groups.append(current)
-    return [tuple(torch.cat(f) for f in zip(*g)) if len(g) > 1 else g[0] for g in groups]
+        yield _join(current)
+
+
+def _join(pieces: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    return pieces[0] if len(pieces) == 1 else tuple(torch.cat(f) for f in zip(*pieces))
 
 
 def _fused_dense(parts: Sequence[WeightPart], dtype: torch.dtype) -> DenseLinear:
