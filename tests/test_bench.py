@@ -1,0 +1,67 @@
+"""`edgellm bench` as a user runs it: a real subprocess per engine, JSON out, a PNG plot."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.util import find_spec
+
+import pytest
+
+from edgellm.bench.runner import _ratios, _summarize
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgellm.cli", "bench", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_bench_json_and_plot(tmp_path, smollm2_path):
+    png = tmp_path / "speed.png"
+    result = _bench("--model", str(smollm2_path), "--prompt-tokens", "16,32", "--gen-tokens", "8", "--repeat", "2",
+                    "--threads", "1,2", "--no-llama-cpp", "--json", "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [r["threads"] for r in report["results"]] == [1, 2]
+    ours = report["results"][0]["engines"]["edgellm"]
+    assert set(ours["by_prompt"]) == {"16", "32"}
+    for m in ours["by_prompt"].values():
+        assert m["ttft_s"] > 0 and m["prefill_tok_s"] > 0 and m["decode_tok_s"] > 0
+    assert ours["peak_rss_mb"] > ours["runtime_rss_mb"] > 50
+    assert 0 < ours["load_s"] < ours["cold_start_s"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_profile_lists_op_types(smollm2_path):
+    result = _bench("--model", str(smollm2_path), "--profile", "--prompt-tokens", "16")
+    assert result.returncode == 0, result.stderr
+    assert "_weight_int4pack_mm_for_cpu" in result.stdout and "per decode step" in result.stdout
+
+
+def test_bench_rejects_bad_lists():
+    result = _bench("--prompt-tokens", "12,x")
+    assert result.returncode == 2 and "comma-separated" in result.stderr
+
+
+def test_medians_and_ratios_are_computed_from_runs():
+    def raw(ttfts, decodes):
+        runs = [dict(ttft_s=t, decode_s=d, generated=11) for t, d in zip(ttfts, decodes)]
+        return dict(load_s=0.1, cold_start_s=1.0, peak_rss_bytes=300 * 2**20, runtime_rss_bytes=200 * 2**20,
+                    runs={"100": runs})
+    ours = _summarize(raw([0.1, 0.5, 0.2], [0.1, 1.0, 0.2]), 11)
+    assert ours["by_prompt"]["100"]["ttft_s"] == 0.2  # median, not mean
+    assert ours["by_prompt"]["100"]["decode_tok_s"] == pytest.approx(50.0)  # 10 steps / 0.2 s
+    theirs = _summarize(raw([0.4] * 3, [0.5] * 3), 11)
+    ratio = _ratios(ours, theirs)
+    assert ratio["100"]["prefill"] == pytest.approx(2.0) and ratio["100"]["decode"] == pytest.approx(2.5)
+    assert ratio["rss_above_runtime_vs_their_peak"] == pytest.approx(100 / 300)
+
+
+@pytest.mark.skipif(find_spec("llama_cpp") is None, reason="llama-cpp-python (the bench extra) is not installed")
+def test_bench_against_llama_cpp(smollm2_path):
+    result = _bench("--model", str(smollm2_path), "--prompt-tokens", "16", "--gen-tokens", "8", "--repeat", "1",
+                    "--json")
+    assert result.returncode == 0, result.stderr
+    entry = json.loads(result.stdout)["results"][0]
+    assert set(entry["engines"]) == {"edgellm", "llama.cpp"}
+    assert entry["ratio_vs_llama_cpp"]["16"]["decode"] > 0
