@@ -40,3 +40,16 @@ class ContextOverflow(InvalidRequest):
 
 class TokenizerError(EdgeLLMError):
     """A model's tokenizer or chat template that edgellm cannot build or use."""
+
+
+class OutOfMemoryBudget(EdgeLLMError):
+    """The work would exceed the memory budget the engine was given."""
+
+    def __init__(self, needed_bytes: int, available_bytes: int, what: str = "KV cache"):
+        self.needed_bytes, self.available_bytes = needed_bytes, available_bytes
+        super().__init__(f"{what} needs {needed_bytes / 2**20:.1f} MiB more but only "
+                         f"{available_bytes / 2**20:.1f} MiB of the budget is left")
+
+
+class KVStateMismatch(EdgeLLMError):
+    """A saved KV state belongs to another model or precision."""

@@ -13,6 +13,7 @@ from edgellm.chat_template import ChatTemplate
 from edgellm.formats.gguf import GGUFFile, open_gguf
 from edgellm.memory import return_large_frees_to_os, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
+from edgellm.kv import KVConfig, KVManager
 from edgellm.models import build_model
 from edgellm.registry import resolve
 from edgellm.threads import configure_threads
@@ -56,7 +57,8 @@ def describe(source: GGUFFile) -> ModelInfo:
 class Model:
     """A loaded model: weights mapped from the file, tokenizer and chat template from its metadata."""
 
-    def __init__(self, source: GGUFFile, mode: str = "fast", context_length: int | None = None):
+    def __init__(self, source: GGUFFile, mode: str = "fast", context_length: int | None = None,
+                 kv: KVConfig | None = None):
         self.source, self.path = source, Path(source.path)
         self.tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
@@ -65,6 +67,9 @@ class Model:
         self.config = self.net.config
         self.context_length = min(context_length or self.config.context_length, self.config.context_length)
         self.info = describe(source)
+        # The salt keeps cached prefixes of one model file from ever serving another.
+        salt = f"{self.info.name}|{self.info.file_bytes}|{mode}"
+        self.kv = KVManager(self.net.cache_specs(), kv or KVConfig(), self.context_length, salt=salt)
 
     # -- generation ----------------------------------------------------------------------
 
@@ -88,14 +93,19 @@ class Model:
             sampling["stop"] = (sampling["stop"],)
         params = SamplingParams(**{**sampling, "stop": tuple(sampling.get("stop") or ())})
         return stream_generate(self.net, ids, params, token_bytes=self.tokenizer.token_bytes,
-                               eos_ids=self.tokenizer.eos_ids, context_length=self.context_length)
+                               eos_ids=self.tokenizer.eos_ids, kv=self.kv, context_length=self.context_length)
 
-    def logits(self, ids: Sequence[int]) -> torch.Tensor:
-        """Teacher-forced logits (T, V) for a token sequence (evaluation, parity checks)."""
-        from edgellm.kv import make_caches
-
-        with torch.inference_mode():
-            return self.net(torch.tensor([list(ids)]), make_caches(self.config.n_layers))[0]
+    def logits(self, ids: Sequence[int], kv: KVConfig | None = None) -> torch.Tensor:
+        """Teacher-forced logits (T, V) for a token sequence (evaluation, parity checks),
+        computed in one pass over a fresh cache of the given (default: this model's) KV config."""
+        manager = self.kv if kv is None else KVManager(self.net.cache_specs(), kv, self.context_length)
+        seq, _ = manager.new_sequence()
+        try:
+            seq.prepare(len(ids))
+            with torch.inference_mode():
+                return self.net(torch.tensor([list(ids)]), seq)[0]
+        finally:
+            seq.release()
 
     def close(self) -> None:
         """Drop the weights and release the file mapping."""
@@ -118,7 +128,7 @@ def last_completion(events: Iterator[GenerationEvent]) -> Completion:
 
 
 def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast",
-         threads: int | None = None, context_length: int | None = None) -> Model:
+         threads: int | None = None, context_length: int | None = None, kv: KVConfig | None = None) -> Model:
     """Load a registered model name or a .gguf path.
 
     mode "fast" keeps 4-bit weights packed and multiplies in bf16; "exact" dequantizes
@@ -127,7 +137,7 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast",
     return_large_frees_to_os()
     source = open_gguf(resolve(name_or_path))
     try:
-        model = Model(source, mode, context_length)
+        model = Model(source, mode, context_length, kv)
     except BaseException:
         source.close()
         raise

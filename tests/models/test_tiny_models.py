@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from edgellm.formats.gguf import open_gguf
-from edgellm.kv import make_caches
+from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
 from tests.tiny import VOCAB, hf_model, random_weights, write_gguf
 
@@ -14,7 +14,7 @@ TOKENS = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_see
 
 
 def _forward(model, tokens, chunks=(None,)) -> torch.Tensor:
-    caches, outs, start = make_caches(model.config.n_layers), [], 0
+    caches, outs, start = fresh_sequence(model), [], 0
     with torch.inference_mode():
         for end in chunks:
             end = end or tokens.shape[1]
@@ -54,7 +54,7 @@ def test_last_only_returns_final_position(tiny):
     _, _, source = tiny
     model = build_model(source, VOCAB, "exact")
     with torch.inference_mode():
-        last = model(TOKENS, make_caches(model.config.n_layers), last_only=True)
+        last = model(TOKENS, fresh_sequence(model), last_only=True)
     assert last.shape == (1, 1, VOCAB)
     torch.testing.assert_close(last[0, 0], _forward(model, TOKENS)[-1], atol=1e-4, rtol=1e-4)
 

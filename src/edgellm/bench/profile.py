@@ -6,10 +6,10 @@ import torch
 
 def profile_decode(model, prompt_tokens: int = 128, steps: int = 32, rows: int = 20) -> str:
     from edgellm.bench.engines import bench_text, prompt_of
-    from edgellm.kv import make_caches
+    from edgellm.kv import fresh_sequence
 
     ids = prompt_of(model.tokenizer.encode(bench_text(), add_special_tokens=False), prompt_tokens)
-    caches = make_caches(model.config.n_layers)
+    caches = fresh_sequence(model.net)
     net = model.net
     with torch.inference_mode():
         token = int(net(torch.tensor([ids]), caches, last_only=True)[0, -1].argmax())

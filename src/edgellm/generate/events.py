@@ -15,6 +15,8 @@ class Timings:
     prefill_s: float
     decode_s: float  # first token -> last token
     peak_rss_bytes: int
+    kv_bytes: int = 0  # KV cache held at the end of generation (this sequence)
+    prefix_hit_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     @property
     def prefill_tokens_per_s(self) -> float:

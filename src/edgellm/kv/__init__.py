@@ -1,4 +1,8 @@
 """KV caches. Every cache speaks the same small protocol so model code never asks which it has."""
-from edgellm.kv.cache import DenseCache, KVCache, make_caches
+from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes
+from edgellm.kv.cache import CAUSAL, DenseCache, KVCache, RingCache
+from edgellm.kv.sequence import (KVConfig, KVManager, LayerSpec, SequenceKV, fresh_sequence,
+                                 kv_bytes_per_token)
 
-__all__ = ["DenseCache", "KVCache", "make_caches"]
+__all__ = ["CAUSAL", "BlockPool", "DenseCache", "KVCache", "KVConfig", "KVManager", "LayerSpec", "PrefixIndex",
+           "RingCache", "SequenceKV", "chain_hashes", "fresh_sequence", "kv_bytes_per_token"]

@@ -1,64 +1,211 @@
-"""The cache protocol and its simplest implementation: a contiguous buffer that grows
-in steps with the tokens actually held, never pre-allocated to the maximum context."""
+"""Per-layer KV caches behind one small protocol, so model code never asks which it has.
+
+Keys are stored after RoPE. Positions are contiguous from 0 to offset-1; when a sliding
+window with attention sinks evicts tokens, the survivors after the sinks are rotated back
+by the number evicted (RoPE composes: R(p - n) = R(-n)·R(p)), so positions stay contiguous
+and never outgrow the context the model was trained for."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
-GROWTH_STEP = 256  # tokens added per reallocation; amortizes copies, bounds waste
+from edgellm.kv.codecs import Codec
+from edgellm.kv.store import TokenStore
+
+# What the queries of one update may see: None = every cached key (a decode step);
+# CAUSAL = a fresh prefill, query i sees keys 0..i; or a (T, S) bool mask.
+CAUSAL = "causal"
+Visibility = None | str | torch.Tensor
+Rotate = Callable[[torch.Tensor, int], torch.Tensor]  # (keys (B, H, T, D), delta) -> keys at position + delta
 
 
 class KVCache(Protocol):
-    offset: int  # tokens written so far == position of the next token
+    offset: int  # tokens held == position of the next token
 
-    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]: ...
+    def evict(self, start: int, n: int) -> None: ...
     def trim(self, n: int) -> int: ...
+    def export(self, start: int, end: int) -> dict[str, torch.Tensor]: ...
+    def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None: ...
     @property
     def nbytes(self) -> int: ...
+    def state(self) -> dict[str, torch.Tensor]: ...
+    def load_state(self, state: dict[str, torch.Tensor], offset: int) -> None: ...
+
+
+def _chunk_mask(t: int, s: int) -> torch.Tensor:
+    q_pos = torch.arange(s - t, s)[:, None]
+    return torch.arange(s)[None, :] <= q_pos
 
 
 class DenseCache:
-    """Keys and values for one layer, shaped (batch, kv_heads, tokens, head_dim)."""
+    """All of a sequence's keys and values for one layer, grown block by block."""
 
-    def __init__(self, dtype: torch.dtype = torch.float32):
-        self.dtype = dtype
+    def __init__(self, k_codec: Codec, v_codec: Codec, kv_heads: int, head_dim: int, *, block_size: int = 32,
+                 rotate: Rotate | None = None, batch: int = 1):
+        self.k = TokenStore(k_codec, batch, kv_heads, head_dim, block_size)
+        self.v = TokenStore(v_codec, batch, kv_heads, head_dim, block_size)
+        self.rotate = rotate
         self.offset = 0
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
 
-    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        new = k.shape[2]
-        self._reserve(k, v, self.offset + new)
-        self._k[:, :, self.offset:self.offset + new] = k
-        self._v[:, :, self.offset:self.offset + new] = v
-        self.offset += new
-        return self._k[:, :, :self.offset], self._v[:, :, :self.offset]
+    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
+        t, end = k.shape[2], self.offset + k.shape[2]
+        for store, x in ((self.k, k), (self.v, v)):
+            store.ensure(end)
+            store.write(self.offset, x)
+        fresh = self.offset == 0
+        self.offset = end
+        visibility = CAUSAL if fresh and t > 1 else (None if t == 1 else _chunk_mask(t, end))
+        return self.k.read(end), self.v.read(end), visibility
 
-    def _reserve(self, k: torch.Tensor, v: torch.Tensor, tokens: int) -> None:
-        capacity = 0 if self._k is None else self._k.shape[2]
-        if tokens <= capacity:
-            return
-        size = -(-tokens // GROWTH_STEP) * GROWTH_STEP
-        k_buf = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3], dtype=self.dtype)
-        v_buf = v.new_empty(v.shape[0], v.shape[1], size, v.shape[3], dtype=self.dtype)
-        if self._k is not None:
-            k_buf[:, :, :self.offset] = self._k[:, :, :self.offset]
-            v_buf[:, :, :self.offset] = self._v[:, :, :self.offset]
-        self._k, self._v = k_buf, v_buf
+    def evict(self, start: int, n: int) -> None:
+        """Drop tokens start..start+n-1; later ones move down and are rotated back n positions."""
+        n = min(n, self.offset - start)
+        tail = self.offset - start - n
+        if tail:
+            moved = self.k.read(start + n + tail, start + n)
+            if self.rotate is not None:
+                moved = self.rotate(moved, -n)
+            self.k.write(start, moved)
+            self.v.move(start + n, start, tail)
+        self.offset -= n
+        self.k.shrink_to(self.offset)
+        self.v.shrink_to(self.offset)
 
     def trim(self, n: int) -> int:
-        """Forget the last n tokens (e.g. rejected speculative tokens); returns how many were."""
+        """Forget the newest n tokens (rejected speculation, a retried turn); returns how many."""
         n = min(n, self.offset)
         self.offset -= n
+        self.k.shrink_to(self.offset)
+        self.v.shrink_to(self.offset)
         return n
+
+    def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
+        """Encoded K and V of positions start..end-1."""
+        return _prefixed(self.k.read_parts(start, end), self.v.read_parts(start, end))
+
+    def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
+        """Write exported positions back at `start` (the next position): prefix reuse."""
+        k_parts, v_parts = _split(parts)
+        end = start + next(iter(k_parts.values())).shape[2]
+        for store, p in ((self.k, k_parts), (self.v, v_parts)):
+            store.ensure(end)
+            store.write_parts(start, p)
+        self.offset = end
 
     @property
     def nbytes(self) -> int:
-        if self._k is None:
-            return 0
-        return self._k.numel() * self._k.element_size() * 2
+        return self.k.nbytes + self.v.nbytes
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return _prefixed(self.k.state(self.offset), self.v.state(self.offset))
+
+    def load_state(self, state: dict[str, torch.Tensor], offset: int) -> None:
+        k_parts, v_parts = _split(state)
+        self.k.load_state(k_parts, offset)
+        self.v.load_state(v_parts, offset)
+        self.offset = offset
 
 
-def make_caches(n_layers: int, dtype: torch.dtype = torch.float32) -> list[DenseCache]:
-    return [DenseCache(dtype) for _ in range(n_layers)]
+class RingCache:
+    """A sliding-window layer's cache: `window` slots reused in a ring.
+
+    Attention is order-free, so slots need no rotation: a query at position p sees the
+    slots whose positions lie in (p - window, p]."""
+
+    def __init__(self, k_codec: Codec, v_codec: Codec, kv_heads: int, head_dim: int, *, window: int,
+                 rotate: Rotate | None = None, batch: int = 1):
+        self.window = window
+        self.k = TokenStore(k_codec, batch, kv_heads, head_dim, window, fixed_capacity=window)
+        self.v = TokenStore(v_codec, batch, kv_heads, head_dim, window, fixed_capacity=window)
+        self.positions = torch.full((window,), -1, dtype=torch.long)  # -1: empty slot
+        self.rotate = rotate
+        self.offset = 0
+
+    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
+        t = k.shape[2]
+        q_pos = torch.arange(self.offset, self.offset + t)
+        if t == 1:
+            self._write(k, v, q_pos)
+            keys, values, k_pos = self.k.read(self.window), self.v.read(self.window), self.positions
+        else:  # a chunk may span more than the window: attend over old slots + the chunk
+            keys = torch.cat((self.k.read(self.window), k.float()), dim=2)
+            values = torch.cat((self.v.read(self.window), v.float()), dim=2)
+            k_pos = torch.cat((self.positions, q_pos))
+            self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
+        self.offset += t
+        visible = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (q_pos[:, None] - k_pos[None, :] < self.window)
+        return keys, values, (None if t == 1 and bool(visible.all()) else visible)
+
+    def _write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        slots = pos % self.window
+        first, n = int(slots[0]), k.shape[2]
+        split = min(n, self.window - first)  # the write may wrap around the ring's end
+        for lo, hi, dst in ((0, split, first), (split, n, 0)):
+            if hi > lo:
+                self.k.write(dst, k[:, :, lo:hi])
+                self.v.write(dst, v[:, :, lo:hi])
+                self.positions[dst:dst + hi - lo] = pos[lo:hi]
+
+    def evict(self, start: int, n: int) -> None:
+        """Positions shift down by n (tokens older than the window are gone already)."""
+        live = self.positions >= start + n
+        dropped = (self.positions >= start) & ~live
+        self.positions[dropped] = -1
+        if self.rotate is not None and bool(live.any()):
+            keys = self.k.read(self.window)
+            self.k.write(0, torch.where(live[None, None, :, None], self.rotate(keys, -n), keys))
+        self.positions[live] -= n
+        self.offset -= n
+
+    def trim(self, n: int) -> int:
+        n = min(n, self.offset)
+        self.positions[self.positions >= self.offset - n] = -1
+        self.offset -= n
+        return n
+
+    def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
+        slots = self._slots(start, end)
+        return _prefixed(*({n: p[:, :, slots].clone() for n, p in store.parts.items()} for store in (self.k, self.v)))
+
+    def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
+        k_parts, v_parts = _split(parts)
+        n = next(iter(k_parts.values())).shape[2]
+        keep = min(n, self.window)  # older positions would be overwritten anyway
+        slots = torch.arange(start + n - keep, start + n) % self.window
+        for store, p in ((self.k, k_parts), (self.v, v_parts)):
+            for name, value in p.items():
+                store.parts[name][:, :, slots] = value[:, :, n - keep:]
+        self.positions[slots] = torch.arange(start + n - keep, start + n)
+        self.offset = start + n
+
+    def _slots(self, start: int, end: int) -> torch.Tensor:
+        positions = torch.arange(start, end)
+        slots = positions % self.window
+        if not torch.equal(self.positions[slots], positions):
+            raise ValueError(f"positions {start}..{end - 1} are no longer in the ring")
+        return slots
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.positions.numel() * 8
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return _prefixed(self.k.state(self.window), self.v.state(self.window)) | {"positions": self.positions.clone()}
+
+    def load_state(self, state: dict[str, torch.Tensor], offset: int) -> None:
+        k_parts, v_parts = _split(state)
+        self.k.load_state(k_parts, self.window)
+        self.v.load_state(v_parts, self.window)
+        self.positions = state["positions"].clone()
+        self.offset = offset
+
+
+def _prefixed(k_parts: dict[str, torch.Tensor], v_parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"k.{n}": p for n, p in k_parts.items()} | {f"v.{n}": p for n, p in v_parts.items()}
+
+
+def _split(parts: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    return ({n[2:]: p for n, p in parts.items() if n.startswith("k.")},
+            {n[2:]: p for n, p in parts.items() if n.startswith("v.")})

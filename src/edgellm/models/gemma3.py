@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm.kv.sequence import LayerSpec
 from edgellm.models.layers import RMSNorm, Rotary, apply_rotary, attention
 from edgellm.models.weights import Weights
 
@@ -81,9 +82,8 @@ class Attention(nn.Module):
         q = apply_rotary(self.q_norm(qkv[:, :, :self.n_heads]), *rope).transpose(1, 2)  # (B, Hq, T, D)
         k = apply_rotary(self.k_norm(qkv[:, :, self.n_heads:-self.n_kv_heads]), *rope).transpose(1, 2)
         v = qkv[:, :, -self.n_kv_heads:].transpose(1, 2)  # (B, Hkv, T, D)
-        start = cache.offset
-        k, v = cache.update_and_fetch(k, v)
-        out = attention(q, k, v, q_start=start, scale=self.scale, window=self.window)
+        k, v, visibility = cache.update_and_fetch(k, v)
+        out = attention(q, k, v, visibility, scale=self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -126,6 +126,12 @@ class Gemma3(nn.Module):
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.rotary_local = Rotary(cfg.head_dim, cfg.rope_local_base)
         self.rotary_global = Rotary(cfg.head_dim, cfg.rope_base)
+
+    def cache_specs(self) -> list[LayerSpec]:
+        """Sliding layers keep a ring of the window; global layers keep everything."""
+        c = self.config
+        return [LayerSpec(c.n_kv_heads, c.head_dim, c.sliding_window, self.rotary_local.rotate) if b.sliding
+                else LayerSpec(c.n_kv_heads, c.head_dim, None, self.rotary_global.rotate) for b in self.blocks]
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""

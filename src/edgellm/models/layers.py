@@ -32,6 +32,11 @@ class Rotary(nn.Module):
             inv_freq = inv_freq / freq_factors.double()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
+    def rotate(self, x: torch.Tensor, delta: int) -> torch.Tensor:
+        """Move already-rotated keys x (..., D) by `delta` positions: R(p + δ) = R(δ)·R(p)."""
+        cos, sin = self(torch.tensor([delta]))
+        return apply_rotary(x, cos[0, 0], sin[0, 0])
+
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of each position's angles, (T, 1, D), both halves repeated."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
@@ -47,21 +52,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int,
-              scale: float, window: int | None = None) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention of new queries over cached keys.
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, scale: float) -> torch.Tensor:
+    """Attention of new queries q (B, Hq, T, D) over cached keys k, v (B, Hkv, S, D).
 
-    q: (B, Hq, T, D) at positions q_start..q_start+T-1; k, v: (B, Hkv, S, D) at 0..S-1.
-    A key is visible when k_pos <= q_pos and, with a window, q_pos - k_pos < window."""
-    t, s = q.shape[2], k.shape[2]
-    if t == s and t > 1 and (window is None or window >= s):
-        # A fresh prefill: the flash kernel's own causal path skips the masked half.
+    `visibility` comes from the cache: None (all keys), CAUSAL (a fresh prefill: the flash
+    kernel's own causal path skips the masked half) or a (T, S) bool mask."""
+    if isinstance(visibility, str):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    mask = None
-    if t > 1 or (window is not None and s > window):
-        q_pos = torch.arange(q_start, q_start + t)[:, None]
-        k_pos = torch.arange(s)[None, :]
-        mask = k_pos <= q_pos
-        if window is not None:
-            mask &= (q_pos - k_pos) < window
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm.kv.sequence import LayerSpec
 from edgellm.models.layers import RMSNorm, Rotary, apply_rotary, attention
 from edgellm.models.weights import Weights
 
@@ -82,9 +83,8 @@ class Attention(nn.Module):
         q = qk[:, :, :self.n_heads].transpose(1, 2)  # (B, Hq, T, D)
         k = qk[:, :, self.n_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         v = qkv[:, :, self.n_heads + self.n_kv_heads:].transpose(1, 2)
-        start = cache.offset
-        k, v = cache.update_and_fetch(k, v)
-        out = attention(q, k, v, q_start=start, scale=self.scale)
+        k, v, visibility = cache.update_and_fetch(k, v)
+        out = attention(q, k, v, visibility, scale=self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -124,6 +124,10 @@ class Llama(nn.Module):
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         factors = w.vector("rope_freqs.weight") if w.has("rope_freqs.weight") else None
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base, factors)
+
+    def cache_specs(self) -> list[LayerSpec]:
+        c = self.config
+        return [LayerSpec(c.n_kv_heads, c.head_dim, None, self.rotary.rotate)] * c.n_layers
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""

@@ -1,0 +1,157 @@
+"""Block bookkeeping, no tensors: a pool of fixed-size KV blocks under a byte budget, and
+the prefix index that lets a request reuse the blocks of an earlier one with the same
+tokens. Policy (which sequence grows, what to evict) lives with the callers."""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from edgellm.errors import OutOfMemoryBudget
+
+
+class BlockPool:
+    """Hands out block ids; each block is `block_bytes` of KV. Reference counts let a prefix
+    block be shared; a block returns to the free list when its last holder lets go."""
+
+    def __init__(self, block_bytes: int, budget_bytes: int | None = None):
+        self.block_bytes = block_bytes
+        self.budget_bytes = budget_bytes
+        self._refs: dict[int, int] = {}
+        self._free: list[int] = []
+        self._next_id = 0
+
+    @property
+    def used_blocks(self) -> int:
+        return len(self._refs)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.used_blocks * self.block_bytes
+
+    def available_bytes(self) -> int | None:
+        return None if self.budget_bytes is None else self.budget_bytes - self.used_bytes
+
+    def allocate(self, n: int) -> list[int]:
+        if n <= 0:
+            return []
+        available = self.available_bytes()
+        if available is not None and n * self.block_bytes > available:
+            raise OutOfMemoryBudget(n * self.block_bytes, available)
+        ids = []
+        for _ in range(n):
+            block = self._free.pop() if self._free else self._new_id()
+            self._refs[block] = 1
+            ids.append(block)
+        return ids
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def share(self, block: int) -> None:
+        self._refs[block] += 1
+
+    def free(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                del self._refs[block]
+                self._free.append(block)
+
+    def refcount(self, block: int) -> int:
+        return self._refs.get(block, 0)
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int, salt: str = "") -> list[str]:
+    """One hash per full block, each covering the block's tokens and every block before it,
+    so equal hashes mean equal prefixes (not just equal blocks)."""
+    hashes, previous = [], salt
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = ",".join(map(str, tokens[start:start + block_size]))
+        previous = hashlib.sha256(f"{previous}|{block}".encode()).hexdigest()
+        hashes.append(previous)
+    return hashes
+
+
+@dataclass
+class PrefixStats:
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+
+
+@dataclass
+class _Entry:
+    block: int
+    payload: Any  # the block's KV for every layer (opaque here)
+    users: int = 0
+
+
+@dataclass
+class PrefixIndex:
+    """hash chain -> cached KV block. Blocks in use are pinned; unused ones are evicted
+    least recently used first whenever the index holds more than `budget_bytes`."""
+
+    pool: BlockPool
+    budget_bytes: int
+    stats: PrefixStats = field(default_factory=PrefixStats)
+    _entries: OrderedDict = field(default_factory=OrderedDict)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._entries) * self.pool.block_bytes
+
+    def lookup(self, hashes: Sequence[str]) -> list[Any]:
+        """Payloads of the longest cached run of `hashes` from the start; marks them in use
+        (call release with the same hashes when the request ends)."""
+        found = []
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is None:
+                break
+            entry.users += 1
+            self._entries.move_to_end(h)
+            found.append(entry.payload)
+        return found
+
+    def release(self, hashes: Sequence[str]) -> None:
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is not None and entry.users > 0:
+                entry.users -= 1
+        self._evict()
+
+    def insert(self, h: str, payload: Any) -> bool:
+        """Cache a block's KV under its chain hash; False when it is already there or no
+        room can be made."""
+        if h in self._entries:
+            self._entries.move_to_end(h)
+            return False
+        if self.pool.block_bytes > self.budget_bytes:
+            return False
+        self._evict(room_for=1)
+        try:
+            (block,) = self.pool.allocate(1)
+        except OutOfMemoryBudget:
+            return False
+        self._entries[h] = _Entry(block, payload)
+        return True
+
+    def _evict(self, room_for: int = 0) -> None:
+        limit = self.budget_bytes - room_for * self.pool.block_bytes
+        for h in list(self._entries):  # oldest first
+            if self.nbytes <= limit:
+                return
+            entry = self._entries[h]
+            if entry.users == 0:
+                del self._entries[h]
+                self.pool.free([entry.block])
+
+    def clear(self) -> None:
+        for entry in self._entries.values():
+            self.pool.free([entry.block])
+        self._entries.clear()

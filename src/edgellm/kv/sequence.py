@@ -1,0 +1,179 @@
+"""One sequence's KV across all layers, and the manager that creates sequences from a
+shared block pool, applies the sink + sliding-window policy and reuses cached prefixes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from edgellm.errors import InvalidRequest
+from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes
+from edgellm.kv.cache import DenseCache, KVCache, RingCache, Rotate
+from edgellm.kv.codecs import bytes_per_head_token, codec
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    k_precision: str = "f32"  # f32 | bf16 | f16 | int8 | int4; keys are the sensitive half
+    v_precision: str = "f32"
+    block_size: int = 32  # tokens per block: the unit of growth, accounting and prefix reuse
+    max_tokens: int | None = None  # held per sequence; beyond it, sinks + sliding window (None: the context)
+    sinks: int = 4  # first tokens always kept ("attention sinks")
+    budget_bytes: int | None = None  # all KV together (sequences + prefix cache); None: unbounded
+    prefix_cache_bytes: int = 0  # 0 disables prefix reuse across requests
+
+    def __post_init__(self) -> None:
+        for precision in (self.k_precision, self.v_precision):
+            codec(precision)  # raises InvalidRequest for unknown names
+        if self.block_size < 1 or self.sinks < 0:
+            raise InvalidRequest("block_size must be >= 1 and sinks >= 0")
+        if self.max_tokens is not None and self.max_tokens < self.sinks + 2 * self.block_size:
+            raise InvalidRequest(f"max_tokens must be at least sinks + 2 blocks ({self.sinks + 2 * self.block_size})")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What a model tells the cache about one layer."""
+
+    kv_heads: int
+    head_dim: int
+    window: int | None  # a sliding-window layer keeps only this many positions
+    rotate: Rotate | None  # moves stored keys along positions (for the sink window)
+
+
+def kv_bytes_per_token(specs: Sequence[LayerSpec], config: KVConfig) -> int:
+    """K + V bytes one more token costs in the growing (non-window) layers."""
+    return sum(s.kv_heads * (bytes_per_head_token(config.k_precision, s.head_dim) +
+                             bytes_per_head_token(config.v_precision, s.head_dim))
+               for s in specs if s.window is None)
+
+
+def _fixed_bytes(specs: Sequence[LayerSpec], config: KVConfig) -> int:
+    """Bytes of the ring layers, which do not grow with the sequence."""
+    return sum(s.window * s.kv_heads * (bytes_per_head_token(config.k_precision, s.head_dim) +
+                                        bytes_per_head_token(config.v_precision, s.head_dim))
+               for s in specs if s.window is not None)
+
+
+class SequenceKV:
+    """The KV of one sequence: a list of per-layer caches (what the model iterates over)
+    plus the blocks it holds in the pool. Call prepare(n) before a forward of n tokens and
+    advance(ids) after it."""
+
+    def __init__(self, manager: KVManager, limit: int):
+        self.manager, self.config, self.limit = manager, manager.config, limit
+        self.layers: list[KVCache] = [manager.make_layer(spec) for spec in manager.specs]
+        self.token_ids: list[int] = []
+        self.evicted = 0  # tokens dropped by the sliding window so far
+        self.blocks: list[int] = manager.pool.allocate(manager.fixed_blocks)
+        self._prefix_hashes: list[str] = []  # cached blocks this sequence reuses
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> KVCache:
+        return self.layers[i]
+
+    def __iter__(self) -> Iterator[KVCache]:
+        return iter(self.layers)
+
+    @property
+    def offset(self) -> int:
+        return self.layers[0].offset
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    def prepare(self, n_new: int) -> None:
+        """Make room for n_new tokens: slide the window if needed, then take blocks."""
+        if self.offset + n_new > self.limit:
+            if self.offset + n_new - self.limit > self.limit - self.config.sinks - self.config.block_size:
+                raise InvalidRequest(f"{n_new} new tokens do not fit a window of {self.limit}")
+            self._slide(self.offset + n_new - self.limit)
+        needed = self._growing_blocks(self.offset + n_new) - (len(self.blocks) - self.manager.fixed_blocks)
+        self.blocks += self.manager.pool.allocate(needed)
+
+    def _growing_blocks(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_size)
+
+    def _slide(self, overflow: int) -> None:
+        # Evict whole blocks right after the sinks, so memory really shrinks.
+        n = -(-overflow // self.config.block_size) * self.config.block_size
+        for layer in self.layers:
+            layer.evict(self.config.sinks, n)
+        self.evicted += n
+        surplus = len(self.blocks) - self.manager.fixed_blocks - self._growing_blocks(self.offset)
+        if surplus > 0:
+            self.manager.pool.free(self.blocks[-surplus:])
+            del self.blocks[-surplus:]
+
+    def advance(self, ids: Sequence[int]) -> None:
+        """Record the tokens just computed; finished blocks become reusable prefixes."""
+        start = len(self.token_ids)
+        self.token_ids.extend(int(i) for i in ids)
+        if self.evicted == 0:
+            self.manager.remember_blocks(self, start)
+
+    def release(self) -> None:
+        """Return every block at once (the caller drops its reference to the caches)."""
+        self.manager.pool.free(self.blocks)
+        self.blocks = []
+        self.manager.prefix.release(self._prefix_hashes) if self.manager.prefix else None
+        self._prefix_hashes = []
+        self.layers = []
+
+
+class KVManager:
+    """Creates sequences for one model: the block pool, its budget, and the prefix cache."""
+
+    def __init__(self, specs: Sequence[LayerSpec], config: KVConfig, context_length: int, salt: str = ""):
+        self.specs, self.config, self.salt = list(specs), config, salt
+        self.context_length = context_length
+        self.bytes_per_token = kv_bytes_per_token(self.specs, config)
+        block_bytes = max(1, self.bytes_per_token * config.block_size)
+        self.pool = BlockPool(block_bytes, config.budget_bytes)
+        self.fixed_blocks = -(-_fixed_bytes(self.specs, config) // block_bytes)
+        self.prefix = PrefixIndex(self.pool, config.prefix_cache_bytes) if config.prefix_cache_bytes > 0 else None
+
+    def make_layer(self, spec: LayerSpec) -> KVCache:
+        k, v = codec(self.config.k_precision), codec(self.config.v_precision)
+        if spec.window is not None:
+            return RingCache(k, v, spec.kv_heads, spec.head_dim, window=spec.window, rotate=spec.rotate)
+        return DenseCache(k, v, spec.kv_heads, spec.head_dim, block_size=self.config.block_size, rotate=spec.rotate)
+
+    def new_sequence(self, prompt: Sequence[int] = ()) -> tuple[SequenceKV, int]:
+        """A fresh sequence, pre-filled with the longest cached prefix of `prompt`; returns
+        it and how many prompt tokens it already holds (at least one is left to compute)."""
+        seq = SequenceKV(self, min(self.config.max_tokens or self.context_length, self.context_length))
+        reused = self._reuse_prefix(seq, prompt) if self.prefix is not None else 0
+        return seq, reused
+
+    def _reuse_prefix(self, seq: SequenceKV, prompt: Sequence[int]) -> int:
+        size = self.config.block_size
+        hashes = chain_hashes(prompt[:len(prompt) - 1], size, self.salt)  # keep >= 1 token to compute
+        payloads = self.prefix.lookup(hashes)
+        seq._prefix_hashes = hashes[:len(payloads)]
+        reused = len(payloads) * size
+        self.prefix.stats.hit_tokens += reused
+        self.prefix.stats.miss_tokens += len(prompt) - reused
+        if payloads:
+            seq.prepare(reused)
+            for i, layer in enumerate(seq.layers):
+                for b, payload in enumerate(payloads):
+                    layer.import_(b * size, payload[i])
+            seq.token_ids = list(prompt[:reused])
+        return reused
+
+    def remember_blocks(self, seq: SequenceKV, start: int) -> None:
+        if self.prefix is None:
+            return
+        size = self.config.block_size
+        first = start // size  # blocks completed by the tokens just added
+        for b, h in enumerate(chain_hashes(seq.token_ids, size, self.salt)[first:], start=first):
+            self.prefix.insert(h, [layer.export(b * size, (b + 1) * size) for layer in seq.layers])
+
+
+def fresh_sequence(model, config: KVConfig | None = None) -> SequenceKV:
+    """A standalone sequence cache for `model` (tests, evaluation, profiling)."""
+    manager = KVManager(model.cache_specs(), config or KVConfig(), model.config.context_length)
+    return manager.new_sequence()[0]
