@@ -14,6 +14,7 @@ from edgellm.formats.gguf import GGUFFile, open_gguf
 from edgellm.memory import return_large_frees_to_os, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.kv import KVConfig, KVManager
+from edgellm.kv.persist import load_prefix, save_prefix
 from edgellm.models import build_model
 from edgellm.registry import resolve
 from edgellm.threads import configure_threads
@@ -77,8 +78,7 @@ class Model:
         """TokenEvents as tokens are generated, then one Completion. Sampling keywords are
         SamplingParams fields (temperature, top_k, top_p, min_p, repetition_penalty, seed,
         max_tokens, stop)."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return self._stream_ids(ids, sampling)
+        return self._stream_ids(self._ids(prompt), sampling)
 
     def generate(self, prompt: str | Sequence[int], **sampling: Any) -> Completion:
         return last_completion(self.stream(prompt, **sampling))
@@ -106,6 +106,27 @@ class Model:
                 return self.net(torch.tensor([list(ids)]), seq)[0]
         finally:
             seq.release()
+
+    # -- the prefix cache's disk tier ------------------------------------------------------
+
+    def save_prefix(self, prompt: str | Sequence[int] | Sequence[Message], path: str | Path) -> int:
+        """Compute a prompt's KV (a system prompt, a document) and save it; returns the
+        number of tokens saved (whole blocks). Needs KVConfig.prefix_cache_bytes > 0."""
+        ids = self._ids(prompt)
+        last_completion(self._stream_ids(ids, {"max_tokens": 0}))  # prefill; finished blocks are remembered
+        return save_prefix(self.kv, ids, path)
+
+    def load_prefix(self, path: str | Path) -> int:
+        """Load a saved prefix into the prefix cache; later prompts starting with it skip its
+        prefill. Returns its token count; another model's file raises KVStateMismatch."""
+        return len(load_prefix(self.kv, path))
+
+    def _ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if prompt and isinstance(prompt[0], dict):
+            return self.template.encode_chat(prompt, add_generation_prompt=False)
+        return list(prompt)
 
     def close(self) -> None:
         """Drop the weights and release the file mapping."""

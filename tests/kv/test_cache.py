@@ -133,7 +133,7 @@ def test_codec_round_trip_error(name, max_rel_err):
 
 def test_kv_bytes_ratios_of_quantized_precisions():
     bf16 = bytes_per_head_token("bf16", 64)
-    assert bytes_per_head_token("int8", 64) / bf16 == pytest.approx(0.53, abs=0.01)
+    assert bytes_per_head_token("int8", 64) / bf16 == pytest.approx(0.56, abs=0.01)
     assert bytes_per_head_token("int4", 64) / bf16 == pytest.approx(0.31, abs=0.01)
 
 

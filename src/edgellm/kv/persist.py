@@ -1,0 +1,86 @@
+"""The prefix cache's disk tier: save the KV blocks of a prompt, load them into a later
+process's prefix cache. One safetensors file; the model identity (salt), KV precisions and
+layer shapes are recorded and checked, so a file never feeds the wrong model."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from edgellm.errors import KVStateMismatch
+from edgellm.kv.blocks import chain_hashes
+from edgellm.kv.sequence import KVManager
+
+FORMAT = "edgellm-kv-prefix/1"
+
+
+def _identity(manager: KVManager) -> dict[str, str]:
+    c = manager.config
+    layers = [[s.kv_heads, s.head_dim, s.window] for s in manager.specs]
+    return {"format": FORMAT, "model": manager.salt, "k_precision": c.k_precision, "v_precision": c.v_precision,
+            "block_size": str(c.block_size), "layers": json.dumps(layers)}
+
+
+def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path) -> int:
+    """Write the cached blocks covering `tokens` (run them through the model first); returns
+    how many tokens were saved. Written to a temp file and renamed: never half a file."""
+    if manager.prefix is None:
+        raise KVStateMismatch("the prefix cache is disabled (KVConfig.prefix_cache_bytes = 0)")
+    hashes = chain_hashes(tokens, manager.config.block_size, manager.salt)
+    payloads = manager.prefix.lookup(hashes)
+    try:
+        tensors = {f"{b}.{layer}.{name}": t.contiguous() for b, payload in enumerate(payloads)
+                   for layer, parts in enumerate(payload) for name, t in parts.items()}
+        meta = _identity(manager) | {"tokens": json.dumps(list(tokens[:len(payloads) * manager.config.block_size])),
+                                     "blocks": str(len(payloads))}
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata=meta)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    finally:
+        manager.prefix.release(hashes[:len(payloads)])
+    return len(payloads) * manager.config.block_size
+
+
+def load_prefix(manager: KVManager, path: str | Path) -> list[int]:
+    """Put a saved prefix into this model's prefix cache; returns its tokens. A file from
+    another model, precision or layout raises KVStateMismatch; a damaged one too."""
+    if manager.prefix is None:
+        raise KVStateMismatch("the prefix cache is disabled (KVConfig.prefix_cache_bytes = 0)")
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as f:  # safetensors keeps metadata in its JSON header
+            header_len = int.from_bytes(f.read(8), "little")
+            meta = json.loads(f.read(header_len)).get("__metadata__", {})
+    except (OSError, SafetensorError, ValueError) as e:
+        raise KVStateMismatch(f"{path}: not a readable KV file ({e})") from None
+    expected = _identity(manager)
+    wrong = [k for k, v in expected.items() if meta.get(k) != v]
+    if wrong:
+        raise KVStateMismatch(f"{path}: saved for another setup ({', '.join(f'{k}={meta.get(k)!r}' for k in wrong)}; "
+                              f"this model has {', '.join(f'{k}={expected[k]!r}' for k in wrong)})")
+    tokens = json.loads(meta["tokens"])
+    hashes = chain_hashes(tokens, manager.config.block_size, manager.salt)
+    for b, h in enumerate(hashes):
+        payload = [_parts(tensors, b, layer) for layer in range(len(manager.specs))]
+        manager.prefix.insert(h, payload)
+    return tokens
+
+
+def _parts(tensors: dict[str, torch.Tensor], block: int, layer: int) -> dict[str, torch.Tensor]:
+    prefix = f"{block}.{layer}."
+    parts = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+    if not parts:
+        raise KVStateMismatch(f"block {block} layer {layer} is missing from the KV file")
+    return parts
