@@ -7,13 +7,14 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound,
+from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
                             UnsupportedModel)
 from edgellm.registry import DEFAULT_MODEL, REGISTRY
 
 # One place maps error types to exit codes (argparse itself exits 2 on bad flags).
 EXIT_CODES: list[tuple[type[Exception], int]] = [
-    (InvalidRequest, 2), (ModelNotFound, 3), (ModelFormatError, 4), (UnsupportedModel, 5), (EdgeLLMError, 1),
+    (InvalidRequest, 2), (ModelNotFound, 3), (ModelFormatError, 4), (UnsupportedModel, 5), (OutOfMemoryBudget, 6),
+    (EdgeLLMError, 1),
 ]
 
 
@@ -23,6 +24,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("--mode", choices=("fast", "exact"), default="fast",
                    help="fast: packed 4-bit weights, bf16 matmuls; exact: fp32 reference")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="RAM budget (e.g. 1.5GB): context and KV precision are planned to fit it")
+    p.add_argument("--kv-precision", default=None, help="f32 (default), bf16, int8, int4, or K:V such as int8:int4")
+    p.add_argument("--kv-window", type=int, default=None, metavar="TOKENS",
+                   help="keep at most this many tokens (attention sinks + sliding window): endless chat")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -51,13 +57,28 @@ def _load(args: argparse.Namespace):
     path = resolve(args.model)  # a bad name fails here, before the slow torch import
     from edgellm.model import load
 
+    kv = _kv_config(args)
     print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        model = load(path, mode=args.mode, threads=args.threads)
+        model = load(path, mode=args.mode, threads=args.threads, kv=kv, memory_budget=args.memory)
     finally:
         print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
     return model
+
+
+def _kv_config(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from edgellm.kv import KVConfig
+
+    if args.kv_precision is None and args.kv_window is None:
+        return None
+    config = KVConfig(max_tokens=args.kv_window)
+    if args.kv_precision:
+        k, _, v = args.kv_precision.partition(":")
+        config = replace(config, k_precision=k, v_precision=v or k)
+    return KVConfig(**config.__dict__)  # re-validated
 
 
 def _print_stream(events) -> Any:
@@ -200,6 +221,34 @@ def resolve_model(name: str):
     return resolve(name)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from edgellm.planner import plan_file
+
+    result = plan_file(resolve_model(args.model), args.memory, want_context=args.context, name=args.model)
+    if not result.fits:
+        others = [name for name in REGISTRY if name != args.model
+                  and plan_file(resolve_model(name), args.memory, want_context=args.context).fits]
+        if others:
+            result.advice.append(f"models that fit this budget: {', '.join(others)}")
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+        return 0 if result.fits else 6
+    mib = lambda n: f"{n / 2**20:,.0f} MiB"  # noqa: E731
+    print(f"{args.model} in {mib(result.budget_bytes)}: " + (
+        f"fits with {result.context_length} tokens of {result.kv_precision} KV" if result.fits else "does NOT fit"))
+    rows = [("runtime (Python + torch)", result.runtime_bytes), ("weights", result.weights_bytes),
+            ("tokenizer", result.tokenizer_bytes), ("activation scratch", result.scratch_bytes),
+            ("safety margin", result.margin_bytes), ("KV cache at that context", result.kv_bytes)]
+    for label, value in rows:
+        print(f"  {label:<26}{mib(value):>12}")
+    print("  KV precision   bytes/token   max context")
+    for option in result.options:
+        print(f"  {option.precision:<15}{option.bytes_per_token:>11,}   {option.max_context:>11,}")
+    for line in result.advice:
+        print(f"  note: {line}")
+    return 0 if result.fits else 6
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgellm", description="On-device LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", default=None, metavar="PNG", help="write speed vs prompt length / threads")
     bench.add_argument("--profile", action="store_true", help="print where decode time goes, per op type")
     bench.set_defaults(func=cmd_bench)
+
+    plan = sub.add_parser("plan", help="fit a model into a RAM budget: context length and KV precision")
+    plan.add_argument("--memory", required=True, metavar="SIZE", help="e.g. 1.5GB, 800MB")
+    plan.add_argument("-m", "--model", default=DEFAULT_MODEL)
+    plan.add_argument("--context", type=int, default=None, help="the context you want (default: the model's)")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
 
     info = sub.add_parser("info", help="describe a model file")
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL)

@@ -47,8 +47,8 @@ class OutOfMemoryBudget(EdgeLLMError):
 
     def __init__(self, needed_bytes: int, available_bytes: int, what: str = "KV cache"):
         self.needed_bytes, self.available_bytes = needed_bytes, available_bytes
-        super().__init__(f"{what} needs {needed_bytes / 2**20:.1f} MiB more but only "
-                         f"{available_bytes / 2**20:.1f} MiB of the budget is left")
+        super().__init__(f"{what} needs {needed_bytes / 2**20:.1f} MiB but only "
+                         f"{available_bytes / 2**20:.1f} MiB of the memory budget is available")
 
 
 class KVStateMismatch(EdgeLLMError):

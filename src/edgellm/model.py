@@ -140,6 +140,19 @@ class Model:
         self.close()
 
 
+def _fit_budget(source: GGUFFile, budget, context_length: int | None, kv: KVConfig | None) -> tuple[int, KVConfig]:
+    from dataclasses import replace
+
+    from edgellm.errors import OutOfMemoryBudget
+    from edgellm.planner import plan
+
+    fitted = plan(source, budget, want_context=context_length)
+    if not fitted.fits:
+        raise OutOfMemoryBudget(fitted.budget_bytes - fitted.kv_budget_bytes, fitted.budget_bytes, "the model")
+    base = kv or KVConfig(k_precision=fitted.kv_precision, v_precision=fitted.kv_precision)
+    return fitted.context_length, replace(base, budget_bytes=fitted.kv_budget_bytes)
+
+
 def last_completion(events: Iterator[GenerationEvent]) -> Completion:
     """Run a stream to its end and return its Completion."""
     for event in events:
@@ -148,16 +161,21 @@ def last_completion(events: Iterator[GenerationEvent]) -> Completion:
     raise RuntimeError("generation ended without a Completion")  # a bug, not bad input
 
 
-def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast",
-         threads: int | None = None, context_length: int | None = None, kv: KVConfig | None = None) -> Model:
+def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threads: int | None = None,
+         context_length: int | None = None, kv: KVConfig | None = None,
+         memory_budget: int | str | None = None) -> Model:
     """Load a registered model name or a .gguf path.
 
     mode "fast" keeps 4-bit weights packed and multiplies in bf16; "exact" dequantizes
-    everything to fp32 (slow; the reference for parity checks)."""
+    everything to fp32 (slow; the reference for parity checks). With memory_budget ("1.5GB"),
+    the planner picks the context and KV precision that fit and the KV pool enforces it:
+    work that would exceed it raises OutOfMemoryBudget instead of the process being killed."""
     configure_threads(threads)
     return_large_frees_to_os()
     source = open_gguf(resolve(name_or_path))
     try:
+        if memory_budget is not None:
+            context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
         model = Model(source, mode, context_length, kv)
     except BaseException:
         source.close()

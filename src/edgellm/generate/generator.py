@@ -50,6 +50,7 @@ def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingPara
     history, generated, pieces = list(prompt_ids), [], []
     finish, stop = "length", None
 
+    kv.admit(len(prompt_ids) + budget)
     start = time.perf_counter()
     seq, reused = kv.new_sequence(prompt_ids)
     try:

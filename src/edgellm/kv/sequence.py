@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from edgellm.errors import InvalidRequest
+from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes
 from edgellm.kv.cache import DenseCache, KVCache, RingCache, Rotate
 from edgellm.kv.codecs import bytes_per_head_token, codec
@@ -134,6 +134,16 @@ class KVManager:
         self.pool = BlockPool(block_bytes, config.budget_bytes)
         self.fixed_blocks = -(-_fixed_bytes(self.specs, config) // block_bytes)
         self.prefix = PrefixIndex(self.pool, config.prefix_cache_bytes) if config.prefix_cache_bytes > 0 else None
+
+    def admit(self, tokens: int) -> None:
+        """Refuse, before any work, a request whose KV would not fit the budget."""
+        available = self.pool.available_bytes()
+        if available is None:
+            return
+        held = tokens if self.config.max_tokens is None else min(tokens, self.config.max_tokens + self.config.block_size)
+        needed = (-(-held // self.config.block_size) + self.fixed_blocks) * self.pool.block_bytes
+        if needed > available + (self.prefix.nbytes if self.prefix else 0):  # cached prefixes can be evicted
+            raise OutOfMemoryBudget(needed, available)
 
     def make_layer(self, spec: LayerSpec) -> KVCache:
         k, v = codec(self.config.k_precision), codec(self.config.v_precision)

@@ -24,3 +24,17 @@ def build_model(source: TensorSource, vocab_size: int, mode: str = "fast") -> nn
     config_cls, model_cls = ARCHITECTURES[arch]
     config = config_cls.from_gguf(source.metadata, vocab_size)
     return model_cls(config, Weights(source, mode)).eval()
+
+
+def layer_specs(metadata) -> list:
+    """Per-layer KV shapes straight from metadata (no weights), for memory planning."""
+    from edgellm.kv.sequence import LayerSpec
+
+    arch = metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModel(f"architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})")
+    config = ARCHITECTURES[arch][0].from_gguf(metadata, vocab_size=0)
+    sliding = getattr(config, "is_sliding", lambda i: False)
+    window = getattr(config, "sliding_window", None)
+    return [LayerSpec(config.n_kv_heads, config.head_dim, window if sliding(i) else None, None)
+            for i in range(config.n_layers)]
