@@ -1,7 +1,6 @@
 """The Python API: `edgellm.load(name) -> Model`, then generate / stream / chat."""
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path

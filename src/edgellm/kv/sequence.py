@@ -3,7 +3,7 @@ shared block pool, applies the sink + sliding-window policy and reuses cached pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes

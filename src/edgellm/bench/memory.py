@@ -1,0 +1,120 @@
+"""Memory benchmarks: resident memory against context length per KV precision, prefix-cache
+TTFT, and a long streaming run through the sliding window."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+from edgellm.memory import rss_bytes, trim
+
+CONTEXTS = (10, 100, 512, 1024, 2048, 4096)
+PRECISIONS = ("f32", "bf16", "int8", "int4")
+
+
+def _prompt(model, n: int) -> list[int]:
+    from edgellm.bench.engines import bench_text, prompt_of
+
+    return prompt_of(model.tokenizer.encode(bench_text(), add_special_tokens=False), n)
+
+
+def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_length: int | None = None) -> dict:
+    """In this process: RSS and KV bytes while one sequence holds each context length
+    (context_length: the configured maximum, which must not change any of it)."""
+    import torch
+
+    import edgellm
+    from edgellm.generate.generator import prefill
+    from edgellm.kv import KVConfig
+
+    model = edgellm.load(model_name, kv=KVConfig(k_precision=precision, v_precision=precision),
+                         context_length=context_length)
+    points = []
+    for n in contexts:
+        gc.collect()
+        trim()
+        seq, _ = model.kv.new_sequence()
+        with torch.inference_mode():
+            prefill(model.net, seq, _prompt(model, n))
+        trim()
+        points.append(dict(tokens=n, rss_bytes=rss_bytes(), kv_bytes=seq.nbytes))
+        seq.release()
+        del seq
+    return dict(model=model_name, precision=precision, points=points)
+
+
+def memory_report(model_name: str, precisions=PRECISIONS, contexts=CONTEXTS, context_length: int | None = None) -> dict:
+    """One fresh process per precision, so each curve starts from the same baseline."""
+    curves = []
+    for precision in precisions:
+        code = ("import json,sys; from edgellm.bench.memory import measure_curve; "
+                f"print(json.dumps(measure_curve({model_name!r}, {precision!r}, {tuple(contexts)!r}, "
+                f"{context_length!r})))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
+                             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr.strip().splitlines()[-1])
+        curves.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return dict(model=model_name, curves=curves)
+
+
+def plot_memory(report: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rss_ax, kv_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for curve in report["curves"]:
+        xs = [p["tokens"] for p in curve["points"]]
+        rss_ax.plot(xs, [p["rss_bytes"] / 2**20 for p in curve["points"]], "o-", label=curve["precision"])
+        kv_ax.plot(xs, [p["kv_bytes"] / 2**20 for p in curve["points"]], "o-", label=curve["precision"])
+    rss_ax.set(title=f"{report['model']}: resident memory", xlabel="context tokens", ylabel="RSS (MiB)")
+    kv_ax.set(title="KV cache held", xlabel="context tokens", ylabel="MiB")
+    for ax in (rss_ax, kv_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(title="KV precision")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def prefix_ttft(model_name: str, prefix_tokens: int = 1000, repeat: int = 3) -> dict:
+    """TTFT of a request whose 1,000-token prefix is new, then of ones that share it."""
+    import edgellm
+    from edgellm.kv import KVConfig
+
+    model = edgellm.load(model_name, kv=KVConfig(prefix_cache_bytes=512 * 2**20))
+    shared = _prompt(model, prefix_tokens)
+    cold, warm = [], []
+    for i in range(repeat):
+        model.kv.prefix.clear()
+        cold.append(model.generate(shared + [100 + i], max_tokens=1).timings.ttft_s)
+        warm.append(model.generate(shared + [200 + i], max_tokens=1).timings.ttft_s)
+    cold.sort()
+    warm.sort()
+    return dict(model=model_name, prefix_tokens=prefix_tokens, cold_ttft_s=cold[len(cold) // 2],
+                warm_ttft_s=warm[len(warm) // 2], speedup=cold[len(cold) // 2] / warm[len(warm) // 2])
+
+
+def soak(model_name: str, tokens: int = 20_000, window: int = 512, every: int = 1000) -> dict:
+    """Stream `tokens` through the sink + sliding window; RSS and KV bytes every `every` tokens."""
+    import edgellm
+    from edgellm.generate import TokenEvent
+    from edgellm.kv import KVConfig
+
+    model = edgellm.load(model_name, kv=KVConfig(max_tokens=window))
+    samples, count, start = [], 0, time.perf_counter()
+    for event in model.stream("Tell me an endless story about a lighthouse keeper.", max_tokens=tokens,
+                              ignore_eos=True, temperature=0.8, top_p=0.95, seed=1, repetition_penalty=1.1):
+        if isinstance(event, TokenEvent):
+            count += 1
+            if count % every == 0:
+                samples.append(dict(tokens=count, rss_bytes=rss_bytes(), kv_bytes=model.kv.pool.used_bytes))
+    elapsed = time.perf_counter() - start
+    rss = [s["rss_bytes"] for s in samples]
+    return dict(model=model_name, tokens=count, window=window, seconds=elapsed, samples=samples,
+                rss_spread_bytes=max(rss) - min(rss) if rss else 0)

@@ -1,0 +1,120 @@
+"""`edgellm run | chat | info | plan | bench`. Errors become one line on stderr and a
+non-zero exit code; the table below is the one place that maps them."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from edgellm.cli.generate import cmd_chat, cmd_run
+from edgellm.cli.tools import int_list, cmd_bench, cmd_info, cmd_plan
+from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
+                            UnsupportedModel)
+from edgellm.registry import DEFAULT_MODEL, REGISTRY
+
+# One place maps error types to exit codes (argparse itself exits 2 on bad flags).
+EXIT_CODES: list[tuple[type[Exception], int]] = [
+    (InvalidRequest, 2), (ModelNotFound, 3), (ModelFormatError, 4), (UnsupportedModel, 5), (OutOfMemoryBudget, 6),
+    (EdgeLLMError, 1),
+]
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    names = ", ".join(REGISTRY)
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"registered name ({names}) or a .gguf path")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    p.add_argument("--mode", choices=("fast", "exact"), default="fast",
+                   help="fast: packed 4-bit weights, bf16 matmuls; exact: fp32 reference")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="RAM budget (e.g. 1.5GB): context and KV precision are planned to fit it")
+    p.add_argument("--kv-precision", default=None, help="f32 (default), bf16, int8, int4, or K:V such as int8:int4")
+    p.add_argument("--kv-window", type=int, default=None, metavar="TOKENS",
+                   help="keep at most this many tokens (attention sinks + sliding window): endless chat")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("-t", "--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgellm", description="On-device LLM inference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="generate a reply to one prompt, streamed to the terminal")
+    run.add_argument("prompt")
+    run.add_argument("--system", default=None, help="system message (chat mode)")
+    run.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
+    run.add_argument("--json", action="store_true", help="print the completion and timings as JSON")
+    run.add_argument("-q", "--quiet", action="store_true", help="no statistics line")
+    _add_model_args(run)
+    _add_sampling_args(run)
+    run.set_defaults(func=cmd_run)
+
+    chat = sub.add_parser("chat", help="interactive chat that keeps the conversation")
+    chat.add_argument("--system", default=None)
+    chat.add_argument("-v", "--verbose", action="store_true", help="statistics after each reply")
+    _add_model_args(chat)
+    _add_sampling_args(chat)
+    chat.set_defaults(func=cmd_chat)
+
+    bench = sub.add_parser("bench", help="TTFT, prefill/decode speed and peak RSS, side by side with llama.cpp")
+    bench.add_argument("-m", "--model", default=DEFAULT_MODEL, help="comma-separated names or paths")
+    bench.add_argument("--threads", type=int_list, default=None, help="e.g. 1,2 (default: physical cores)")
+    bench.add_argument("--prompt-tokens", type=int_list, default=[128, 512])
+    bench.add_argument("--gen-tokens", type=int, default=128)
+    bench.add_argument("--repeat", type=int, default=3)
+    bench.add_argument("--mode", choices=("fast", "exact"), default="fast")
+    bench.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp comparison")
+    bench.add_argument("--json", action="store_true", help="print the full report as JSON")
+    bench.add_argument("--plot", default=None, metavar="PNG", help="write speed vs prompt length / threads")
+    bench.add_argument("--profile", action="store_true", help="print where decode time goes, per op type")
+    bench.add_argument("--memory", action="store_true",
+                       help="RSS and KV bytes against context length for each KV precision (--plot for a PNG)")
+    bench.add_argument("--prefix", action="store_true", help="TTFT with and without a cached 1,000-token prefix")
+    bench.add_argument("--soak", type=int, default=0, metavar="TOKENS",
+                       help="stream this many tokens through the sliding window, sampling RSS")
+    bench.add_argument("--kv-window", type=int, default=None, help="window for --soak (default 512)")
+    bench.set_defaults(func=cmd_bench)
+
+    plan = sub.add_parser("plan", help="fit a model into a RAM budget: context length and KV precision")
+    plan.add_argument("--memory", required=True, metavar="SIZE", help="e.g. 1.5GB, 800MB")
+    plan.add_argument("-m", "--model", default=DEFAULT_MODEL)
+    plan.add_argument("--context", type=int, default=None, help="the context you want (default: the model's)")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
+
+    info = sub.add_parser("info", help="describe a model file")
+    info.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - translated below, re-raised if not ours
+        code = _exit_code(error)
+        if code is None:
+            raise
+        print(f"edgellm: error: {error}", file=sys.stderr)
+        return code
+
+
+def _exit_code(error: Exception) -> int | None:
+    for kind, code in EXIT_CODES:
+        if isinstance(error, kind):
+            return code
+    return None

@@ -1,0 +1,5 @@
+import sys
+
+from edgellm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""`edgellm run` and `edgellm chat`: load, stream tokens to the terminal, report timings."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from edgellm.errors import InvalidRequest
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def _load(args: argparse.Namespace):
+    from edgellm.registry import resolve
+
+    if args.threads is not None and args.threads < 1:
+        raise InvalidRequest(f"threads must be >= 1, got {args.threads}")
+    path = resolve(args.model)  # a bad name fails here, before the slow torch import
+    from edgellm.model import load
+
+    kv = _kv_config(args)
+    print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        model = load(path, mode=args.mode, threads=args.threads, kv=kv, memory_budget=args.memory)
+    finally:
+        print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
+    return model
+
+
+def _kv_config(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from edgellm.kv import KVConfig
+
+    if args.kv_precision is None and args.kv_window is None:
+        return None
+    config = KVConfig(max_tokens=args.kv_window)
+    if args.kv_precision:
+        k, _, v = args.kv_precision.partition(":")
+        config = replace(config, k_precision=k, v_precision=v or k)
+    return KVConfig(**config.__dict__)  # re-validated
+
+
+def _print_stream(events) -> Any:
+    from edgellm.generate import Completion
+
+    for event in events:
+        if isinstance(event, Completion):
+            print(event.tail, flush=True)
+            return event
+        print(event.text, end="", flush=True)
+
+
+def _stats(done) -> str:
+    t = done.timings
+    return (f"[{t.prompt_tokens} prompt tokens, {t.completion_tokens} generated, finish={done.finish_reason}; "
+            f"TTFT {t.ttft_s * 1000:.0f} ms, prefill {t.prefill_tokens_per_s:.0f} tok/s, "
+            f"decode {t.decode_tokens_per_s:.1f} tok/s, peak RSS {t.peak_rss_bytes / 2**20:.0f} MiB]")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    from edgellm.generate import SamplingParams
+    from edgellm.model import last_completion
+
+    SamplingParams(**sampling)  # reject bad flags before spending time on loading
+    with _load(args) as model:
+        if args.raw:
+            events = model.stream(args.prompt, **sampling)
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            events = model.chat(messages + [{"role": "user", "content": args.prompt}], stream=True, **sampling)
+        if args.json:
+            done = last_completion(events)
+            print(json.dumps({"text": done.text, "finish_reason": done.finish_reason,
+                              "token_ids": list(done.token_ids), "timings": _timings_dict(done.timings)}))
+        else:
+            done = _print_stream(events)
+            if not args.quiet:
+                print(_stats(done), file=sys.stderr)
+    return 0
+
+
+def _timings_dict(t) -> dict[str, float]:
+    return {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens, "ttft_s": t.ttft_s,
+            "prefill_tokens_per_s": t.prefill_tokens_per_s, "decode_tokens_per_s": t.decode_tokens_per_s,
+            "peak_rss_bytes": t.peak_rss_bytes}
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    with _load(args) as model:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        print("chat with the model; /reset clears the conversation, /exit or Ctrl-D quits", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print(file=sys.stderr)
+                return 0
+            if line.strip() in ("/exit", "/quit"):
+                return 0
+            if line.strip() == "/reset":
+                messages = messages[:1] if args.system else []
+                continue
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line})
+            done = _print_stream(model.chat(messages, stream=True, **sampling))
+            messages.append({"role": "assistant", "content": done.text})
+            if args.verbose:
+                print(_stats(done), file=sys.stderr)

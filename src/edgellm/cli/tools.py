@@ -1,0 +1,123 @@
+"""`edgellm info | plan | bench`: describe a file, fit it into memory, measure it."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from edgellm.registry import REGISTRY
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from edgellm.formats.gguf import open_gguf
+    from edgellm.model import describe
+    from edgellm.registry import resolve
+
+    with open_gguf(resolve(args.model)) as source:
+        info = describe(source)
+    if args.json:
+        print(json.dumps(info.as_dict(), indent=2))
+        return 0
+    types = ", ".join(f"{name}×{count}" for name, count in info.tensor_types.items())
+    rows = [("file", info.path), ("name", info.name), ("architecture", info.architecture),
+            ("file size", f"{info.file_bytes / 2**20:.1f} MiB"), ("parameters", f"{info.parameters / 1e6:.1f} M"),
+            ("tensor types", types), ("context length", str(info.context_length)),
+            ("KV bytes per token", f"{info.kv_bytes_per_token} (fp32 K+V, all layers)")]
+    for key, value in rows:
+        print(f"{key:>20}  {value}")
+    return 0
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgellm.bench.runner import BenchConfig, format_table, llama_cpp_available, run_bench
+    from edgellm.threads import default_threads
+
+    models = [m for m in args.model.split(",") if m]
+    for model in models:
+        resolve_model(model)
+    if args.profile:
+        return _profile(models[0], args)
+    if args.memory or args.prefix or args.soak:
+        return _bench_memory(models[0], args)
+    config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,
+                         gen_tokens=args.gen_tokens, repeat=args.repeat, mode=args.mode,
+                         llama_cpp=not args.no_llama_cpp)
+    if config.llama_cpp and not llama_cpp_available():
+        print("llama-cpp-python is not installed (pip install '.[bench]'): edgellm only", file=sys.stderr)
+    report = run_bench(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.plot:
+        from edgellm.bench.plot import plot_report
+
+        print(f"plot written to {plot_report(report, args.plot)}", file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+def _bench_memory(model_name: str, args: argparse.Namespace) -> int:
+    from edgellm.bench import memory
+
+    if args.memory:
+        report = memory.memory_report(model_name)
+        if args.plot:
+            memory.plot_memory(report, args.plot)
+            print(f"plot written to {args.plot}", file=sys.stderr)
+    elif args.prefix:
+        report = memory.prefix_ttft(model_name)
+    else:
+        report = memory.soak(model_name, tokens=args.soak, window=args.kv_window or 512)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _profile(model_name: str, args: argparse.Namespace) -> int:
+    from edgellm.bench.profile import profile_decode
+    from edgellm.model import load
+
+    threads = args.threads[0] if args.threads else None
+    with load(model_name, mode=args.mode, threads=threads) as model:
+        print(profile_decode(model, prompt_tokens=args.prompt_tokens[0]))
+    return 0
+
+
+def resolve_model(name: str):
+    from edgellm.registry import resolve
+
+    return resolve(name)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from edgellm.planner import plan_file
+
+    result = plan_file(resolve_model(args.model), args.memory, want_context=args.context, name=args.model)
+    if not result.fits:
+        others = [name for name in REGISTRY if name != args.model
+                  and plan_file(resolve_model(name), args.memory, want_context=args.context).fits]
+        if others:
+            result.advice.append(f"models that fit this budget: {', '.join(others)}")
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+        return 0 if result.fits else 6
+    mib = lambda n: f"{n / 2**20:,.0f} MiB"  # noqa: E731
+    print(f"{args.model} in {mib(result.budget_bytes)}: " + (
+        f"fits with {result.context_length} tokens of {result.kv_precision} KV" if result.fits else "does NOT fit"))
+    rows = [("runtime (Python + torch)", result.runtime_bytes), ("weights", result.weights_bytes),
+            ("tokenizer", result.tokenizer_bytes), ("activation scratch", result.scratch_bytes),
+            ("safety margin", result.margin_bytes), ("KV cache at that context", result.kv_bytes)]
+    for label, value in rows:
+        print(f"  {label:<26}{mib(value):>12}")
+    print("  KV precision   bytes/token   max context")
+    for option in result.options:
+        print(f"  {option.precision:<15}{option.bytes_per_token:>11,}   {option.max_context:>11,}")
+    for line in result.advice:
+        print(f"  note: {line}")
+    return 0 if result.fits else 6

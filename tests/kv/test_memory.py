@@ -1,0 +1,18 @@
+"""Resident memory follows the tokens held, never the configured maximum context.
+Each measurement runs in a fresh process (bench.memory_report)."""
+from __future__ import annotations
+
+from edgellm.bench.memory import memory_report
+
+MiB = 2**20
+
+
+def test_rss_does_not_depend_on_configured_context_and_kv_grows_by_blocks(smollm2_path):
+    small = memory_report(str(smollm2_path), precisions=("int8",), contexts=(10, 100), context_length=512)
+    large = memory_report(str(smollm2_path), precisions=("int8",), contexts=(10, 100), context_length=8192)
+    (s10, s100), (l10, l100) = small["curves"][0]["points"], large["curves"][0]["points"]
+    block = s10["kv_bytes"]  # one 32-token block at 10 tokens
+    assert s100["kv_bytes"] == l100["kv_bytes"] == 4 * block  # 100 tokens -> 4 blocks, whatever the maximum
+    # same RSS whether the maximum is 512 or 8192 tokens (within one block + allocator noise)
+    assert abs(l100["rss_bytes"] - s100["rss_bytes"]) <= block + 3 * MiB
+    assert abs(l10["rss_bytes"] - s10["rss_bytes"]) <= block + 3 * MiB
