@@ -10,6 +10,7 @@ import torch
 
 from edgellm.chat_template import ChatTemplate
 from edgellm.formats.gguf import GGUFFile, open_gguf
+from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_large_frees_to_os, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.kv import KVConfig, KVManager
@@ -62,7 +63,10 @@ class Model:
         self.source, self.path = source, Path(source.path)
         self.tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
-        self.net = build_model(source, self.tokenizer.vocab_size, mode)
+        packed = pack_cache_for(source.path, mode)
+        self.net = build_model(source, self.tokenizer.vocab_size, mode, packed)
+        if packed is not None:
+            packed.save()
         source.drop_pages()
         self.config = self.net.config
         self.context_length = min(context_length or self.config.context_length, self.config.context_length)

@@ -15,15 +15,16 @@ ARCHITECTURES = {
 }
 
 
-def build_model(source: TensorSource, vocab_size: int, mode: str = "fast") -> nn.Module:
-    """Config from the file's metadata, weights through `quant/`; returns an eval-mode model."""
+def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache=None) -> nn.Module:
+    """Config from the file's metadata, weights through `quant/` (or a PackCache of earlier
+    conversions); returns an eval-mode model."""
     arch = source.metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         supported = ", ".join(ARCHITECTURES)
         raise UnsupportedModel(f"{source.path}: architecture {arch!r} is not supported ({supported})")
     config_cls, model_cls = ARCHITECTURES[arch]
     config = config_cls.from_gguf(source.metadata, vocab_size)
-    return model_cls(config, Weights(source, mode)).eval()
+    return model_cls(config, Weights(source, mode, cache)).eval()
 
 
 def layer_specs(metadata) -> list:

@@ -29,10 +29,10 @@ class Weights:
     mode "exact": fp32 everything (reference grade); "fast": 4-bit formats stay packed
     INT4, others become bf16, and matmul inputs are bf16."""
 
-    def __init__(self, source: TensorSource, mode: str):
+    def __init__(self, source: TensorSource, mode: str, cache=None):
         if mode not in ("exact", "fast"):
             raise ValueError(f"unknown precision mode {mode!r} (exact, fast)")
-        self.source, self.mode = source, mode
+        self.source, self.mode, self.cache = source, mode, cache  # cache: formats.pack.PackCache
 
     def has(self, name: str) -> bool:
         return name in self.source.tensors
@@ -56,6 +56,10 @@ class Weights:
 
     def linear(self, *names: str, rows: Mapping[str, torch.Tensor] | None = None) -> torch.nn.Module:
         """One linear for one name; several names are fused along the output dimension."""
+        key = "+".join(names)
+        cached = self.cache.get(key) if self.cache is not None else None
+        if cached is not None:
+            return cached
         rows = rows or {}
         parts = [self._part(n, rows.get(n)) for n in names]
         for n, (_, _, shape) in zip(names, parts):
@@ -63,6 +67,8 @@ class Weights:
                 raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
         linear = make_fused_linear(parts, mode=self.mode)
         self._release(names)
+        if self.cache is not None:
+            self.cache.put(key, linear)
         return linear
 
     def _release(self, names) -> None:

@@ -1,0 +1,104 @@
+"""A model's converted linears kept on disk, so the next load maps them instead of packing.
+
+Converting GGUF blocks into the int4 kernel's layout is most of a fast-mode load. The result
+depends on the file, the mode, edgellm's pack version, torch's version and the CPU's vector
+ISA (the kernel's row blocking differs between AVX2 and AVX-512): all of it is in the key.
+A missing, stale or damaged cache is simply rebuilt."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from edgellm.quant.linear import DenseLinear, Int4Linear
+from edgellm.registry import cache_dir
+
+PACK_VERSION = 1
+
+
+def cache_key(path: str | Path, mode: str) -> str:
+    stat = Path(path).stat()
+    isa = torch.backends.cpu.get_cpu_capability()
+    text = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{mode}|{PACK_VERSION}|{torch.__version__}|{isa}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class PackCache:
+    """name -> converted linear, loaded from and saved to one safetensors file."""
+
+    def __init__(self, path: Path):
+        self.path, self.dirty = path, False
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._meta: dict[str, dict] = {}
+        if path.is_file():
+            self._load()
+
+    def _load(self) -> None:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                self._meta = json.loads(f.metadata()["linears"])
+                self._tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except Exception:  # damaged or from an incompatible build: convert again
+            self._tensors, self._meta = {}, {}
+
+    def get(self, key: str) -> nn.Module | None:
+        meta = self._meta.get(key)
+        if meta is None:
+            return None
+        if meta["kind"] == "int4":
+            linear = Int4Linear.empty(meta["out"], meta["in"], meta["planes"])
+            linear.packed, linear.scale_zero = self._tensors[f"{key}.packed"], self._tensors[f"{key}.scale_zero"]
+        else:
+            linear = DenseLinear(self._tensors[f"{key}.weight"], getattr(torch, meta["dtype"]))
+        if "out_splits" in meta:
+            linear.out_splits = meta["out_splits"]
+        return linear
+
+    def put(self, key: str, linear: nn.Module) -> None:
+        meta: dict = {"out_splits": getattr(linear, "out_splits", None)}
+        if isinstance(linear, Int4Linear):
+            meta |= {"kind": "int4", "in": linear.in_features, "out": linear.out_features, "planes": linear.planes}
+            self._tensors |= {f"{key}.packed": linear.packed, f"{key}.scale_zero": linear.scale_zero}
+        elif isinstance(linear, DenseLinear):
+            meta |= {"kind": "dense", "dtype": str(linear.compute_dtype).removeprefix("torch.")}
+            self._tensors[f"{key}.weight"] = linear.weight
+        else:
+            return
+        self._meta[key] = meta
+        self.dirty = True
+
+    def save(self) -> None:
+        """Write atomically; a read-only or full cache directory only costs the next load time."""
+        if not self.dirty:
+            return
+        from safetensors.torch import save_file
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".partial")
+            os.close(fd)
+            try:
+                save_file(self._tensors, tmp, metadata={"linears": json.dumps(self._meta)})
+                os.replace(tmp, self.path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except OSError:
+            pass
+        self.dirty = False
+        self._tensors = {}  # the modules own them now
+
+
+def pack_cache_for(path: str | Path, mode: str) -> PackCache | None:
+    """The cache for a model file in fast mode; None when disabled (EDGELLM_PACK_CACHE=0) or
+    for exact mode, whose fp32 weights are as quick to convert as to read."""
+    if mode != "fast" or os.environ.get("EDGELLM_PACK_CACHE", "1") == "0":
+        return None
+    return PackCache(cache_dir() / "packed" / f"{cache_key(path, mode)}.safetensors")
