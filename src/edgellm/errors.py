@@ -53,3 +53,11 @@ class OutOfMemoryBudget(EdgeLLMError):
 
 class KVStateMismatch(EdgeLLMError):
     """A saved KV state belongs to another model or precision."""
+
+
+class Busy(EdgeLLMError):
+    """The request queue is full: try again later (HTTP 429)."""
+
+    def __init__(self, queue_depth: int, queue_limit: int):
+        self.queue_depth, self.queue_limit = queue_depth, queue_limit
+        super().__init__(f"server busy: {queue_depth} requests waiting (limit {queue_limit})")

@@ -7,7 +7,7 @@ import sys
 from typing import Sequence
 
 from edgellm.cli.generate import cmd_chat, cmd_run
-from edgellm.cli.tools import int_list, cmd_bench, cmd_info, cmd_plan
+from edgellm.cli.tools import cmd_bench, cmd_info, cmd_plan, cmd_serve, int_list
 from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
                             UnsupportedModel)
 from edgellm.registry import DEFAULT_MODEL, REGISTRY
@@ -83,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stream this many tokens through the sliding window, sampling RSS")
     bench.add_argument("--kv-window", type=int, default=None, help="window for --soak (default 512)")
     bench.set_defaults(func=cmd_bench)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat/completions, SSE, /metrics)")
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument("--queue-limit", type=int, default=3, help="requests that may wait; more get 429")
+    serve.add_argument("--timeout", type=float, default=15.0, help="seconds per request before partial output")
+    serve.add_argument("--log-text", action="store_true", help="debug: also log prompts (off by default)")
+    serve.set_defaults(func=cmd_serve)
 
     plan = sub.add_parser("plan", help="fit a model into a RAM budget: context length and KV precision")
     plan.add_argument("--memory", required=True, metavar="SIZE", help="e.g. 1.5GB, 800MB")

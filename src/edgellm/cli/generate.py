@@ -16,7 +16,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
                 stop=tuple(args.stop), ignore_eos=args.ignore_eos)
 
 
-def _load(args: argparse.Namespace):
+def load_model(args: argparse.Namespace):
     from edgellm.registry import resolve
 
     if args.threads is not None and args.threads < 1:
@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgellm.model import last_completion
 
     SamplingParams(**sampling)  # reject bad flags before spending time on loading
-    with _load(args) as model:
+    with load_model(args) as model:
         if args.raw:
             events = model.stream(args.prompt, **sampling)
         else:
@@ -96,7 +96,7 @@ def _timings_dict(t) -> dict[str, float]:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
-    with _load(args) as model:
+    with load_model(args) as model:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         print("chat with the model; /reset clears the conversation, /exit or Ctrl-D quits", file=sys.stderr)
         while True:

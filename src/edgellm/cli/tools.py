@@ -121,3 +121,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for line in result.advice:
         print(f"  note: {line}")
     return 0 if result.fits else 6
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from edgellm.cli.generate import load_model
+    from edgellm.server.app import create_app
+
+    model = load_model(args)
+    logging.basicConfig(level=logging.DEBUG if args.log_text else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(model, model_id=args.model, api_key=args.api_key, queue_limit=args.queue_limit,
+                     timeout_s=args.timeout, log_text=args.log_text)
+    print(f"serving {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=True)
+    return 0

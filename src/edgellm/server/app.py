@@ -1,0 +1,227 @@
+"""The OpenAI-compatible routes. Errors leave in OpenAI's JSON shape with the right status;
+logs carry request ids, sizes and timings, never prompt or completion text."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest
+from edgellm.generate import Completion, TokenEvent
+from edgellm.memory import peak_rss_bytes
+from edgellm.server.metrics import Metrics
+from edgellm.server.schemas import ChatRequest, CompletionRequest
+from edgellm.service import DONE, Handle, Request as ServiceRequest, Service
+
+log = logging.getLogger("edgellm.server")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None, headers: dict | None = None):
+        self.status, self.message, self.kind, self.code, self.headers = status, message, kind, code, headers or {}
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    body = {"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}}
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def _translate(error: Exception) -> APIError:
+    """Our typed errors -> HTTP. Anything else is a bug and stays a 500."""
+    if isinstance(error, Busy):
+        return APIError(429, str(error), "rate_limit_exceeded", "busy", {"Retry-After": "1"})
+    if isinstance(error, ContextOverflow):
+        return APIError(400, str(error), "invalid_request_error", "context_length_exceeded")
+    if isinstance(error, InvalidRequest):
+        return APIError(400, str(error), "invalid_request_error")
+    if isinstance(error, EdgeLLMError):
+        return APIError(503, str(error), "server_error", type(error).__name__)
+    return APIError(500, "internal error", "server_error")
+
+
+def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit: int = 3,
+               timeout_s: float = 15.0, log_text: bool = False) -> FastAPI:
+    metrics = Metrics()
+
+    def finished(handle: Handle, done: Completion) -> None:
+        t = done.timings
+        metrics.requests.labels(done.finish_reason).inc()
+        metrics.timeouts.inc() if done.finish_reason == "timeout" else None
+        if t.ttft_s > 0:
+            metrics.ttft.observe(t.ttft_s)
+        if t.decode_tokens_per_s > 0:
+            metrics.decode.observe(t.decode_tokens_per_s)
+        metrics.queue_wait.observe(handle.queue_wait_s)
+        metrics.tokens.labels("prompt").inc(t.prompt_tokens)
+        metrics.tokens.labels("completion").inc(t.completion_tokens)
+
+    service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished)
+    app = FastAPI(title="edgellm", version="0.1.0")
+    app.state.service, app.state.metrics = service, metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, error: APIError):
+        metrics.errors.labels(str(error.status)).inc()
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        metrics.errors.labels("400").inc()
+        return _error_response(APIError(400, f"invalid request: {where}: {first.get('msg', 'bad value')}",
+                                        "invalid_request_error"))
+
+    @app.middleware("http")
+    async def _auth_and_log(request: Request, call_next):
+        rid = uuid.uuid4().hex[:12]
+        start = time.perf_counter()
+        if api_key and request.url.path.startswith("/v1/") and \
+                request.headers.get("authorization") != f"Bearer {api_key}":
+            metrics.errors.labels("401").inc()
+            return _error_response(APIError(401, "invalid API key", "invalid_request_error", "invalid_api_key"))
+        response = await call_next(request)
+        log.info("request %s %s %s status=%s bytes_in=%s %.3fs", rid, request.method, request.url.path,
+                 response.status_code, request.headers.get("content-length", "0"), time.perf_counter() - start)
+        return response
+
+    def check_model(name: str) -> None:
+        if name != model_id:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}",
+                           "invalid_request_error", "model_not_found")
+
+    def submit(prompt: Any, body, chat: bool) -> Handle:
+        check_model(body.model)
+        try:
+            handle = service.submit(ServiceRequest(prompt, body.sampling(), chat, timeout_s))
+        except Busy as error:
+            metrics.busy.inc()
+            raise _translate(error) from None
+        metrics.queue_depth.set(service.queue_depth)
+        if log_text:
+            log.debug("prompt %r", prompt)
+        return handle
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id, "queue_depth": service.queue_depth, "busy": service.busy}
+
+    @app.get("/metrics")
+    async def prometheus():
+        metrics.queue_depth.set(service.queue_depth)
+        metrics.kv_bytes.set(model.kv.pool.used_bytes)
+        metrics.peak_rss.set(peak_rss_bytes())
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "edgellm"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest):
+        messages = [m.model_dump() for m in body.messages]
+        return await _respond(submit(messages, body, chat=True), body, "chat.completion")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        return await _respond(submit(body.prompt, body, chat=False), body, "text_completion")
+
+    async def _respond(handle: Handle, body, kind: str):
+        rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            try:  # the first event decides the status: a bad prompt is a 400, not a broken stream
+                first = await _next(handle)
+            except BaseException:
+                handle.cancel()
+                raise
+            return StreamingResponse(_sse(handle, first, rid, kind, include_usage), media_type="text/event-stream")
+        done = await _wait(handle)
+        return _full_response(rid, kind, done, model_id)
+
+    async def _next(handle: Handle):
+        event = await anyio.to_thread.run_sync(handle.events.get)
+        if isinstance(event, BaseException):
+            raise _translate(event) if not isinstance(event, APIError) else event
+        return event
+
+    async def _wait(handle: Handle) -> Completion:
+        try:
+            while True:
+                event = await _next(handle)
+                if isinstance(event, Completion):
+                    return event
+        finally:
+            handle.cancel()
+
+    async def _sse(handle: Handle, first, rid: str, kind: str, include_usage: bool) -> AsyncIterator[str]:
+        created = int(time.time())
+        chat = kind == "chat.completion"
+        try:
+            if chat:
+                yield _chunk(rid, created, model_id, {"role": "assistant", "content": ""}, None, chat)
+            pending = first
+            while True:
+                try:
+                    event, pending = (pending, None) if pending is not None else (await _next(handle), None)
+                except APIError as error:
+                    yield f"data: {json.dumps({'error': {'message': error.message, 'type': error.kind}})}\n\n"
+                    return
+                if event is DONE:
+                    return
+                if isinstance(event, TokenEvent):
+                    if event.text:
+                        yield _chunk(rid, created, model_id, event.text, None, chat)
+                    continue
+                if event.tail:
+                    yield _chunk(rid, created, model_id, event.tail, None, chat)
+                yield _chunk(rid, created, model_id, None, event.finish_reason, chat)
+                if include_usage:
+                    yield _usage_chunk(rid, created, model_id, event, chat)
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            handle.cancel()  # a disconnected client frees its slot and KV now
+
+    return app
+
+
+def _usage(done: Completion) -> dict:
+    t = done.timings
+    return {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+            "total_tokens": t.prompt_tokens + t.completion_tokens}
+
+
+def _full_response(rid: str, kind: str, done: Completion, model_id: str) -> dict:
+    if kind == "chat.completion":
+        choice = {"index": 0, "message": {"role": "assistant", "content": done.text}, "logprobs": None,
+                  "finish_reason": done.finish_reason}
+    else:
+        choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": done.finish_reason}
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model_id, "choices": [choice],
+            "usage": _usage(done)}
+
+
+def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: bool) -> str:
+    if chat:
+        delta = content if isinstance(content, dict) else ({"content": content} if content is not None else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_id,
+                "choices": [choice]}
+    else:
+        choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish_reason}
+        body = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice]}
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _usage_chunk(rid: str, created: int, model_id: str, done: Completion, chat: bool) -> str:
+    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model_id, "choices": [], "usage": _usage(done)}
+    return f"data: {json.dumps(body)}\n\n"

@@ -1,0 +1,27 @@
+"""Prometheus metrics of one server (its own registry, so tests can run several)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("edgellm_requests", "Finished requests by outcome", ["outcome"], registry=r)
+        self.busy = Counter("edgellm_busy_rejections", "Requests refused because the queue was full", registry=r)
+        self.timeouts = Counter("edgellm_timeouts", "Requests stopped at their deadline", registry=r)
+        self.errors = Counter("edgellm_errors", "Requests answered with an error, by HTTP status", ["status"],
+                              registry=r)
+        self.ttft = Histogram("edgellm_ttft_seconds", "Time to first token", registry=r,
+                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
+        self.decode = Histogram("edgellm_decode_tokens_per_second", "Decode speed per request", registry=r,
+                                buckets=(5, 10, 25, 50, 75, 100, 150, 200, 300))
+        self.queue_wait = Histogram("edgellm_queue_wait_seconds", "Time spent waiting for the engine", registry=r)
+        self.tokens = Counter("edgellm_tokens", "Tokens processed", ["kind"], registry=r)
+        self.queue_depth = Gauge("edgellm_queue_depth", "Requests waiting", registry=r)
+        self.kv_bytes = Gauge("edgellm_kv_bytes", "KV cache bytes held in the pool", registry=r)
+        self.peak_rss = Gauge("edgellm_peak_rss_bytes", "Process resident memory high-water mark", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

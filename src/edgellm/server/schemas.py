@@ -1,0 +1,51 @@
+"""Request bodies of the OpenAI API subset edgellm serves. Unknown fields are ignored, as
+OpenAI's API does; invalid known ones are a 400."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=200_000)
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _Sampling(_Lenient):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=0, le=32_768)
+    max_completion_tokens: int | None = Field(default=None, ge=0, le=32_768)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)  # extension
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension
+    repetition_penalty: float = Field(default=1.0, gt=0.0)  # extension
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def sampling(self) -> dict:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return dict(max_tokens=self.max_completion_tokens or self.max_tokens or 256, temperature=self.temperature,
+                    top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                    repetition_penalty=self.repetition_penalty, seed=self.seed, stop=tuple(s for s in stop if s))
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str = Field(max_length=200_000)

@@ -1,0 +1,139 @@
+"""The service an app holds: one loaded model, one engine thread, a bounded queue.
+
+Requests are admitted only while the queue has room (else `Busy` at once, never a pile-up),
+run one at a time (latency mode), stop at their deadline with the text so far
+(finish_reason "timeout"), and free their KV the moment their caller cancels."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from edgellm.errors import Busy
+from edgellm.generate import Completion, Timings
+
+DONE = object()  # end of a handle's event stream
+
+
+@dataclass
+class Request:
+    prompt: Any  # str, token ids, or chat messages
+    sampling: dict[str, Any] = field(default_factory=dict)
+    chat: bool = False
+    timeout_s: float = 15.0
+
+
+class Handle:
+    """A submitted request: iterate its events (TokenEvent..., Completion); cancel() any time."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.events: queue.Queue = queue.Queue()
+        self.cancelled = threading.Event()
+        self.submitted = time.perf_counter()
+        self.started: float | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def __iter__(self) -> Iterator:
+        while (event := self.events.get()) is not DONE:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+
+    @property
+    def queue_wait_s(self) -> float:
+        return (self.started or time.perf_counter()) - self.submitted
+
+
+class Service:
+    def __init__(self, model, *, queue_limit: int = 3, default_timeout_s: float = 15.0,
+                 on_finish: Callable[[Handle, Completion], None] | None = None):
+        self.model, self.queue_limit, self.default_timeout_s = model, queue_limit, default_timeout_s
+        self.on_finish = on_finish
+        self._waiting: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._depth = 0  # waiting, not yet running
+        self._running: Handle | None = None
+        self._worker = threading.Thread(target=self._loop, name="edgellm-engine", daemon=True)
+        self._stopping = False
+        self._worker.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._depth
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def submit(self, request: Request) -> Handle:
+        """Queue a request or raise Busy right away."""
+        with self._lock:
+            if self._depth >= self.queue_limit and self._running is not None:
+                raise Busy(self._depth, self.queue_limit)
+            self._depth += 1
+        handle = Handle(request)
+        self._waiting.put(handle)
+        return handle
+
+    def close(self) -> None:
+        self._stopping = True
+        self._waiting.put(None)
+        self._worker.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            handle = self._waiting.get()
+            if handle is None or self._stopping:
+                return
+            with self._lock:
+                self._depth -= 1
+                self._running = handle
+            handle.started = time.perf_counter()
+            try:
+                if not handle.cancelled.is_set():
+                    self._run(handle)
+            except BaseException as error:  # reported to the caller, never kills the engine
+                handle.events.put(error)
+            finally:
+                with self._lock:
+                    self._running = None
+                handle.events.put(DONE)
+
+    def _run(self, handle: Handle) -> None:
+        request, model = handle.request, self.model
+        deadline = handle.started + (request.timeout_s or self.default_timeout_s)
+        events = model.chat(request.prompt, stream=True, **request.sampling) if request.chat \
+            else model.stream(request.prompt, **request.sampling)
+        pieces, ids = [], []
+        try:
+            for event in events:
+                if isinstance(event, Completion):
+                    self._finish(handle, event)
+                    return
+                pieces.append(event.text)
+                ids.append(event.token_id)
+                handle.events.put(event)
+                if handle.cancelled.is_set() or time.perf_counter() > deadline:
+                    reason = "cancelled" if handle.cancelled.is_set() else "timeout"
+                    break
+        finally:
+            events.close()  # frees the sequence's KV at once
+        self._finish(handle, Completion(reason, "".join(pieces), tuple(ids), "", _partial_timings(handle, ids), None))
+
+    def _finish(self, handle: Handle, done: Completion) -> None:
+        handle.events.put(done)
+        if self.on_finish is not None:
+            self.on_finish(handle, done)
+
+
+def _partial_timings(handle: Handle, ids: list[int]) -> Timings:
+    from edgellm.memory import peak_rss_bytes
+
+    elapsed = time.perf_counter() - (handle.started or handle.submitted)
+    return Timings(prompt_tokens=0, completion_tokens=len(ids), ttft_s=0.0, prefill_s=0.0, decode_s=elapsed,
+                   peak_rss_bytes=peak_rss_bytes())
