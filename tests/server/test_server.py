@@ -154,3 +154,20 @@ def test_logs_never_contain_prompt_text(server, caplog):
                                                 messages=[{"role": "user", "content": secret}])
     assert caplog.records  # the request was logged ...
     assert all(secret not in r.getMessage() for r in caplog.records)  # ... without its text
+
+
+def test_control_characters_are_stripped_but_emoji_and_cjk_kept(server):
+    client = _client(server)
+    clean = client.completions.create(model=MODEL_ID, prompt="你好 🎉\tok", max_tokens=1, temperature=0)
+    dirty = client.completions.create(model=MODEL_ID, prompt="你\x00好 🎉\x07\t\x1bok\x7f", max_tokens=1,
+                                      temperature=0)
+    assert dirty.usage.prompt_tokens == clean.usage.prompt_tokens
+    assert dirty.choices[0].text == clean.choices[0].text
+
+
+def test_warmup_runs_in_the_background_after_start(server_factory):
+    server = server_factory(warmup_delay_s=0.1)
+    deadline = time.time() + 30
+    while 'edgellm_warmups_total{outcome="done"} 1.0' not in httpx.get(server.url + "/metrics").text:
+        assert time.time() < deadline, "warmup did not run"
+        time.sleep(0.1)

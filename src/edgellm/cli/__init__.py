@@ -89,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    serve.add_argument("--queue-limit", type=int, default=3, help="requests that may wait; more get 429")
-    serve.add_argument("--timeout", type=float, default=15.0, help="seconds per request before partial output")
+    serve.add_argument("--profile", default=None, help="device profile: phone, tablet, desktop or a .toml path")
+    serve.add_argument("--queue-limit", type=int, default=None, help="requests that may wait; more get 429 (3)")
+    serve.add_argument("--timeout", type=float, default=None, help="seconds per request before partial output (15)")
     serve.add_argument("--log-text", action="store_true", help="debug: also log prompts (off by default)")
     serve.set_defaults(func=cmd_serve)
 

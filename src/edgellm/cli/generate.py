@@ -16,7 +16,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
                 stop=tuple(args.stop), ignore_eos=args.ignore_eos)
 
 
-def load_model(args: argparse.Namespace):
+def load_model(args: argparse.Namespace, context_length: int | None = None):
     from edgellm.registry import resolve
 
     if args.threads is not None and args.threads < 1:
@@ -28,7 +28,8 @@ def load_model(args: argparse.Namespace):
     print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        model = load(path, mode=args.mode, threads=args.threads, kv=kv, memory_budget=args.memory)
+        model = load(path, mode=args.mode, threads=args.threads, kv=kv, memory_budget=args.memory,
+                     context_length=context_length)
     finally:
         print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
     return model

@@ -131,11 +131,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from edgellm.cli.generate import load_model
     from edgellm.server.app import create_app
 
-    model = load_model(args)
+    from edgellm.profile import DeviceProfile, load_profile
+
+    profile = load_profile(args.profile) if args.profile else DeviceProfile()
+    # Explicit flags win over the profile.
+    args.threads = args.threads or profile.threads
+    args.kv_precision = args.kv_precision or profile.kv_precision
+    model = load_model(args, context_length=profile.context)
     logging.basicConfig(level=logging.DEBUG if args.log_text else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(model, model_id=args.model, api_key=args.api_key, queue_limit=args.queue_limit,
-                     timeout_s=args.timeout, log_text=args.log_text)
-    print(f"serving {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    app = create_app(model, model_id=args.model, api_key=args.api_key,
+                     queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
+                     timeout_s=args.timeout or profile.timeout_s, log_text=args.log_text,
+                     warmup_delay_s=profile.warmup_delay_s)
+    print(f"serving {args.model} ({profile.name} profile) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=True)
     return 0

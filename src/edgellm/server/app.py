@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -46,8 +47,11 @@ def _translate(error: Exception) -> APIError:
     return APIError(500, "internal error", "server_error")
 
 
+WARMUP_MIN_AVAILABLE = 512 * 2**20  # skip warmup when the device has less free memory than this
+
+
 def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit: int = 3,
-               timeout_s: float = 15.0, log_text: bool = False) -> FastAPI:
+               timeout_s: float = 15.0, log_text: bool = False, warmup_delay_s: float | None = None) -> FastAPI:
     metrics = Metrics()
 
     def finished(handle: Handle, done: Completion) -> None:
@@ -65,6 +69,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
     service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished)
     app = FastAPI(title="edgellm", version="0.1.0")
     app.state.service, app.state.metrics = service, metrics
+    app.state.warmup = _schedule_warmup(service, metrics, warmup_delay_s)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError):
@@ -191,6 +196,31 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             handle.cancel()  # a disconnected client frees its slot and KV now
 
     return app
+
+
+def _schedule_warmup(service: Service, metrics: Metrics, delay_s: float | None):
+    """A short background inference after start, so the first real request finds kernels,
+    caches and pages warm; skipped when free memory is short."""
+    if delay_s is None:
+        return None
+
+    def warm() -> None:
+        import psutil
+
+        if psutil.virtual_memory().available < WARMUP_MIN_AVAILABLE:
+            metrics.warmups.labels("skipped").inc()
+            return
+        try:
+            for _ in service.submit(ServiceRequest("Hello", {"max_tokens": 4, "temperature": 0.0})):
+                pass
+            metrics.warmups.labels("done").inc()
+        except Exception:  # busy already: real traffic warms it
+            metrics.warmups.labels("skipped").inc()
+
+    timer = threading.Timer(delay_s, warm)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _usage(done: Completion) -> dict:

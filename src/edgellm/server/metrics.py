@@ -19,6 +19,7 @@ class Metrics:
                                 buckets=(5, 10, 25, 50, 75, 100, 150, 200, 300))
         self.queue_wait = Histogram("edgellm_queue_wait_seconds", "Time spent waiting for the engine", registry=r)
         self.tokens = Counter("edgellm_tokens", "Tokens processed", ["kind"], registry=r)
+        self.warmups = Counter("edgellm_warmups", "Background warmup inferences", ["outcome"], registry=r)
         self.queue_depth = Gauge("edgellm_queue_depth", "Requests waiting", registry=r)
         self.kv_bytes = Gauge("edgellm_kv_bytes", "KV cache bytes held in the pool", registry=r)
         self.peak_rss = Gauge("edgellm_peak_rss_bytes", "Process resident memory high-water mark", registry=r)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# C0/C1 control characters other than tab, newline and carriage return.
+_CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127, *range(128, 160)])
+
+
+def clean_text(text: str) -> str:
+    """Strip control characters (they only confuse tokenizers and terminals); keep whitespace,
+    emoji and CJK intact."""
+    return text.translate(_CONTROL)
 
 
 class _Lenient(BaseModel):
@@ -14,6 +23,8 @@ class _Lenient(BaseModel):
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(max_length=200_000)
+
+    _clean = field_validator("content")(classmethod(lambda cls, v: clean_text(v)))
 
 
 class StreamOptions(_Lenient):
@@ -48,4 +59,6 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str = Field(max_length=200_000)
+    prompt: str = Field(min_length=1, max_length=200_000)
+
+    _clean = field_validator("prompt")(classmethod(lambda cls, v: clean_text(v)))
