@@ -30,6 +30,7 @@ class Handle:
 
     def __init__(self, request: Request):
         self.request = request
+        self.degraded: list[str] = []  # e.g. "thermal_throttle", "thermal_kv_fallback"
         self.events: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
@@ -51,9 +52,14 @@ class Handle:
 
 class Service:
     def __init__(self, model, *, queue_limit: int = 3, default_timeout_s: float = 15.0,
-                 on_finish: Callable[[Handle, Completion], None] | None = None):
+                 on_finish: Callable[[Handle, Completion], None] | None = None, thermal=None,
+                 hot_kv_precision: str = "int8"):
         self.model, self.queue_limit, self.default_timeout_s = model, queue_limit, default_timeout_s
         self.on_finish = on_finish
+        self.thermal = thermal  # a ThermalGovernor, or None
+        self._cool_kv = model.kv
+        self._hot_kv = self._fallback_kv(model, hot_kv_precision) if thermal is not None else None
+        self._cool_rate: float | None = None  # decode tokens/s measured while cool
         self._waiting: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._depth = 0  # waiting, not yet running
@@ -104,20 +110,58 @@ class Service:
                     self._running = None
                 handle.events.put(DONE)
 
+    @staticmethod
+    def _fallback_kv(model, precision: str):
+        from dataclasses import replace
+
+        from edgellm.kv import KVManager
+
+        config = replace(model.kv.config, k_precision=precision, v_precision=precision)
+        return KVManager(model.net.cache_specs(), config, model.context_length, salt=model.kv.salt)
+
+    def _thermal_policy(self, handle: Handle):
+        """Pick the KV for this request; returns the thermal state (None without a governor)."""
+        if self.thermal is None:
+            return None
+        state = self.thermal.state()
+        self.model.kv = self._hot_kv if state.hot else self._cool_kv
+        if state.hot:
+            handle.degraded.append("thermal_kv_fallback")
+        return state
+
+    def _pace(self, handle: Handle, last_token_at: float) -> float:
+        """While hot, hold decoding to the cool rate × the thermal scale; returns the time now."""
+        now = time.perf_counter()
+        state = self.thermal.state() if self.thermal is not None else None
+        if state is None or not state.hot:
+            return now
+        if self._cool_rate:
+            wait = 1.0 / (self._cool_rate * state.rate_scale) - (now - last_token_at)
+            if wait > 0:
+                time.sleep(wait)
+            if "thermal_throttle" not in handle.degraded:
+                handle.degraded.append("thermal_throttle")
+        return time.perf_counter()
+
     def _run(self, handle: Handle) -> None:
         request, model = handle.request, self.model
+        self._thermal_policy(handle)
         deadline = handle.started + (request.timeout_s or self.default_timeout_s)
         events = model.chat(request.prompt, stream=True, **request.sampling) if request.chat \
             else model.stream(request.prompt, **request.sampling)
         pieces, ids = [], []
+        last = time.perf_counter()
         try:
             for event in events:
                 if isinstance(event, Completion):
+                    if "thermal_throttle" not in handle.degraded and event.timings.decode_tokens_per_s > 0:
+                        self._cool_rate = event.timings.decode_tokens_per_s
                     self._finish(handle, event)
                     return
                 pieces.append(event.text)
                 ids.append(event.token_id)
                 handle.events.put(event)
+                last = self._pace(handle, last)
                 if handle.cancelled.is_set() or time.perf_counter() > deadline:
                     reason = "cancelled" if handle.cancelled.is_set() else "timeout"
                     break

@@ -140,7 +140,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = load_model(args, context_length=profile.context)
     logging.basicConfig(level=logging.DEBUG if args.log_text else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(model, model_id=args.model, api_key=args.api_key,
+    from edgellm.thermal import ThermalGovernor
+
+    thermal = ThermalGovernor(args.thermal_source, threshold_c=args.thermal_threshold)
+    app = create_app(model, model_id=args.model, api_key=args.api_key, thermal=thermal,
                      queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
                      timeout_s=args.timeout or profile.timeout_s, log_text=args.log_text,
                      warmup_delay_s=profile.warmup_delay_s)

@@ -51,7 +51,8 @@ WARMUP_MIN_AVAILABLE = 512 * 2**20  # skip warmup when the device has less free 
 
 
 def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit: int = 3,
-               timeout_s: float = 15.0, log_text: bool = False, warmup_delay_s: float | None = None) -> FastAPI:
+               timeout_s: float = 15.0, log_text: bool = False, warmup_delay_s: float | None = None,
+               thermal=None) -> FastAPI:
     metrics = Metrics()
 
     def finished(handle: Handle, done: Completion) -> None:
@@ -65,8 +66,11 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         metrics.queue_wait.observe(handle.queue_wait_s)
         metrics.tokens.labels("prompt").inc(t.prompt_tokens)
         metrics.tokens.labels("completion").inc(t.completion_tokens)
+        for reason in handle.degraded:
+            metrics.degrades.labels(reason).inc()
 
-    service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished)
+    service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished,
+                      thermal=thermal)
     app = FastAPI(title="edgellm", version="0.1.0")
     app.state.service, app.state.metrics = service, metrics
     app.state.warmup = _schedule_warmup(service, metrics, warmup_delay_s)
@@ -123,6 +127,11 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         metrics.queue_depth.set(service.queue_depth)
         metrics.kv_bytes.set(model.kv.pool.used_bytes)
         metrics.peak_rss.set(peak_rss_bytes())
+        if thermal is not None:
+            state = thermal.state()
+            metrics.temperature.set(state.temperature_c if state.temperature_c is not None else float("nan"))
+            metrics.thermal_events.labels("throttle").set(thermal.throttle_events)
+            metrics.thermal_events.labels("restore").set(thermal.restore_events)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
@@ -149,7 +158,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
                 raise
             return StreamingResponse(_sse(handle, first, rid, kind, include_usage), media_type="text/event-stream")
         done = await _wait(handle)
-        return _full_response(rid, kind, done, model_id)
+        return _full_response(rid, kind, done, model_id) | {"edgellm": {"degraded": handle.degraded}}
 
     async def _next(handle: Handle):
         event = await anyio.to_thread.run_sync(handle.events.get)

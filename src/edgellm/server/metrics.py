@@ -19,6 +19,10 @@ class Metrics:
                                 buckets=(5, 10, 25, 50, 75, 100, 150, 200, 300))
         self.queue_wait = Histogram("edgellm_queue_wait_seconds", "Time spent waiting for the engine", registry=r)
         self.tokens = Counter("edgellm_tokens", "Tokens processed", ["kind"], registry=r)
+        self.degrades = Counter("edgellm_degrades", "Requests run degraded, by reason", ["reason"], registry=r)
+        self.temperature = Gauge("edgellm_temperature_celsius", "Device temperature as last read", registry=r)
+        self.thermal_events = Gauge("edgellm_thermal_events", "Thermal throttle/restore transitions", ["kind"],
+                                    registry=r)
         self.warmups = Counter("edgellm_warmups", "Background warmup inferences", ["outcome"], registry=r)
         self.queue_depth = Gauge("edgellm_queue_depth", "Requests waiting", registry=r)
         self.kv_bytes = Gauge("edgellm_kv_bytes", "KV cache bytes held in the pool", registry=r)

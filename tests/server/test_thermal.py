@@ -1,0 +1,59 @@
+"""Thermal policy with a fake temperature file: throttling and the precision switch kick in
+above the threshold and release when cool."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from edgellm.thermal import ThermalGovernor
+from tests.server.conftest import MODEL_ID
+
+
+def test_governor_scale_and_hysteresis(tmp_path):
+    sensor = tmp_path / "temp"
+    governor = ThermalGovernor(sensor, threshold_c=75, hysteresis_c=5, poll_s=0)
+    sensor.write_text("50000")  # sysfs millidegrees
+    assert governor.state().hot is False and governor.state().rate_scale == 1.0
+    sensor.write_text("80")
+    state = governor.state()
+    assert state.hot and state.rate_scale == pytest.approx(1 - (80 - 60) / 100)
+    sensor.write_text("72")  # below the threshold but within the hysteresis: still hot
+    assert governor.state().hot
+    sensor.write_text("69")
+    assert not governor.state().hot
+    assert (governor.throttle_events, governor.restore_events) == (1, 1)
+
+
+def test_missing_sensor_never_throttles(tmp_path):
+    governor = ThermalGovernor(tmp_path / "absent", poll_s=0)
+    assert governor.state().hot is False
+
+
+def test_hot_device_throttles_decode_and_switches_kv_precision(server_factory, served_model, tmp_path):
+    sensor = tmp_path / "temp"
+    sensor.write_text("45")
+    server = server_factory(thermal=ThermalGovernor(sensor, threshold_c=75, poll_s=0))
+    body = {"model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}
+    url = server.url + "/v1/completions"
+
+    def timed():
+        start = time.perf_counter()
+        reply = httpx.post(url, json=body, timeout=120).json()
+        return time.perf_counter() - start, reply
+
+    cool_s, cool = timed()  # measures the cool decode rate
+    assert cool["edgellm"]["degraded"] == []
+    sensor.write_text("95")  # scale 1 - 35/100 = 0.65: about 1.5x slower
+    hot_s, hot = timed()
+    assert set(hot["edgellm"]["degraded"]) == {"thermal_throttle", "thermal_kv_fallback"}
+    assert hot_s > cool_s * 1.2
+    assert served_model.kv.config.k_precision == "int8"  # the fallback KV served the hot request
+    sensor.write_text("40")
+    _, restored = timed()
+    assert restored["edgellm"]["degraded"] == [] and served_model.kv.config.k_precision == "f32"
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'edgellm_thermal_events{kind="throttle"} 1.0' in metrics
+    assert 'edgellm_thermal_events{kind="restore"} 1.0' in metrics
+    assert 'edgellm_degrades_total{reason="thermal_throttle"} 1.0' in metrics
