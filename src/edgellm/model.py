@@ -125,6 +125,10 @@ class Model:
         prefill. Returns its token count; another model's file raises KVStateMismatch."""
         return len(load_prefix(self.kv, path))
 
+    def count_tokens(self, prompt, chat: bool = False) -> int:
+        """Prompt tokens as generation would see them (chat: after the template)."""
+        return len(self.template.encode_chat(prompt) if chat else self._ids(prompt))
+
     def _ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)

@@ -167,7 +167,9 @@ class Service:
                     break
         finally:
             events.close()  # frees the sequence's KV at once
-        self._finish(handle, Completion(reason, "".join(pieces), tuple(ids), "", _partial_timings(handle, ids), None))
+        prompt_tokens = model.count_tokens(request.prompt, request.chat)
+        timings = _partial_timings(handle, ids, prompt_tokens)
+        self._finish(handle, Completion(reason, "".join(pieces), tuple(ids), "", timings, None))
 
     def _finish(self, handle: Handle, done: Completion) -> None:
         handle.events.put(done)
@@ -175,9 +177,9 @@ class Service:
             self.on_finish(handle, done)
 
 
-def _partial_timings(handle: Handle, ids: list[int]) -> Timings:
+def _partial_timings(handle: Handle, ids: list[int], prompt_tokens: int) -> Timings:
     from edgellm.memory import peak_rss_bytes
 
     elapsed = time.perf_counter() - (handle.started or handle.submitted)
-    return Timings(prompt_tokens=0, completion_tokens=len(ids), ttft_s=0.0, prefill_s=0.0, decode_s=elapsed,
+    return Timings(prompt_tokens=prompt_tokens, completion_tokens=len(ids), ttft_s=0.0, prefill_s=0.0, decode_s=elapsed,
                    peak_rss_bytes=peak_rss_bytes())

@@ -109,6 +109,7 @@ def test_timeout_returns_partial_text(server_factory):
     done = _client(server).completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=2000,
                                               temperature=0)
     assert done.choices[0].finish_reason == "timeout" and done.choices[0].text
+    assert done.usage.prompt_tokens == 4 and done.usage.completion_tokens > 0
     assert 'edgellm_timeouts_total 1.0' in httpx.get(server.url + "/metrics").text
 
 
