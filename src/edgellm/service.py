@@ -5,13 +5,14 @@ run one at a time (latency mode), stop at their deadline with the text so far
 (finish_reason "timeout"), and free their KV the moment their caller cancels."""
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from edgellm.errors import Busy
+from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget
 from edgellm.generate import Completion, Timings
 
 DONE = object()  # end of a handle's event stream
@@ -36,6 +37,8 @@ class Handle:
         self.submitted = time.perf_counter()
         self.started: float | None = None
 
+        self.on_done: Callable[[Completion], None] | None = None  # e.g. a Session recording the reply
+
     def cancel(self) -> None:
         self.cancelled.set()
 
@@ -44,6 +47,18 @@ class Handle:
             if isinstance(event, BaseException):
                 raise event
             yield event
+
+    async def __aiter__(self):
+        """The same events for asyncio code (the blocking wait runs in a worker thread)."""
+        import anyio
+
+        try:
+            while (event := await anyio.to_thread.run_sync(self.events.get)) is not DONE:
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+        finally:
+            self.cancel()
 
     @property
     def queue_wait_s(self) -> float:
@@ -85,6 +100,10 @@ class Service:
         handle = Handle(request)
         self._waiting.put(handle)
         return handle
+
+    def init(self, **session_options: Any) -> Session:
+        """A new session (conversation) on this service's model."""
+        return Session(self, **session_options)
 
     def close(self) -> None:
         self._stopping = True
@@ -143,16 +162,45 @@ class Service:
                 handle.degraded.append("thermal_throttle")
         return time.perf_counter()
 
+    def _events(self, request: Request):
+        model = self.model
+        return model.chat(request.prompt, stream=True, **request.sampling) if request.chat \
+            else model.stream(request.prompt, **request.sampling)
+
+    def _start(self, handle: Handle):
+        """Begin generation, walking the fallback chain when the request does not fit:
+        INT4 KV when the KV budget is short, then dropping the oldest chat turns when the
+        context overflows. Returns the event stream and its first event."""
+        request = handle.request
+        while True:
+            events = self._events(request)
+            try:
+                return events, next(events)
+            except OutOfMemoryBudget:
+                if self.model.kv.config.k_precision == "int4":
+                    raise
+                self.model.kv = self._fallback_kv(self.model, "int4")
+                handle.degraded.append("kv_int4_fallback")
+            except ContextOverflow:
+                shorter = _drop_oldest_turn(request.prompt) if request.chat else None
+                if shorter is None:
+                    raise
+                request = replace(request, prompt=shorter)
+                handle.degraded.append("context_truncated") if "context_truncated" not in handle.degraded else None
+
     def _run(self, handle: Handle) -> None:
         request, model = handle.request, self.model
         self._thermal_policy(handle)
         deadline = handle.started + (request.timeout_s or self.default_timeout_s)
-        events = model.chat(request.prompt, stream=True, **request.sampling) if request.chat \
-            else model.stream(request.prompt, **request.sampling)
+        try:
+            events, first = self._start(handle)
+        finally:
+            if self.thermal is None or not self.thermal.state().hot:
+                self.model.kv = self._cool_kv  # a fallback lasts for one request
         pieces, ids = [], []
         last = time.perf_counter()
         try:
-            for event in events:
+            for event in itertools.chain([first], events):
                 if isinstance(event, Completion):
                     if "thermal_throttle" not in handle.degraded and event.timings.decode_tokens_per_s > 0:
                         self._cool_rate = event.timings.decode_tokens_per_s
@@ -172,9 +220,71 @@ class Service:
         self._finish(handle, Completion(reason, "".join(pieces), tuple(ids), "", timings, None))
 
     def _finish(self, handle: Handle, done: Completion) -> None:
+        if handle.on_done is not None:
+            handle.on_done(done)
         handle.events.put(done)
         if self.on_finish is not None:
             self.on_finish(handle, done)
+
+
+def _drop_oldest_turn(messages: list[dict]) -> list[dict] | None:
+    """The conversation without its oldest non-system message; None when only the last
+    user message (and system prompt) is left."""
+    for i, message in enumerate(messages[:-1]):
+        if message["role"] != "system":
+            return messages[:i] + messages[i + 1:]
+    return None
+
+
+class Session:
+    """What an app holds: one conversation on the shared model. Its KV stays cached between
+    turns (pinned in the model's prefix cache, when enabled) until release() frees it."""
+
+    def __init__(self, service: Service, *, system: str | None = None, timeout_s: float | None = None,
+                 **sampling: Any):
+        self.service, self.sampling, self.timeout_s = service, sampling, timeout_s
+        self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
+        self._pinned: list[str] = []
+        self.released = False
+
+    def infer(self, content: str, **sampling: Any) -> Handle:
+        """Send the next user message; iterate (or async-iterate) the returned handle."""
+        if self.released:
+            raise InvalidRequest("this session was released")
+        messages = self.messages + [{"role": "user", "content": content}]
+        request = Request(messages, {**self.sampling, **sampling}, chat=True,
+                          timeout_s=self.timeout_s or self.service.default_timeout_s)
+        handle = self.service.submit(request)
+        handle.on_done = lambda done: self._record(messages, done)
+        return handle
+
+    def _record(self, messages: list[dict], done: Completion) -> None:
+        self.messages = messages + [{"role": "assistant", "content": done.text}]
+        prefix = self.service.model.kv.prefix
+        if prefix is None:
+            return
+        from edgellm.kv import chain_hashes
+
+        kv = self.service.model.kv
+        ids = self.service.model.template.encode_chat(messages) + list(done.token_ids)
+        hashes = chain_hashes(ids, kv.config.block_size, kv.salt)
+        prefix.release(self._pinned)
+        self._pinned = hashes[:len(prefix.lookup(hashes))]  # pinned until the next turn or release()
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV this session keeps between turns."""
+        return len(self._pinned) * self.service.model.kv.pool.block_bytes
+
+    def release(self) -> int:
+        """Free this session's KV now; returns the bytes freed."""
+        freed = 0
+        prefix = self.service.model.kv.prefix
+        if prefix is not None and self._pinned:
+            prefix.release(self._pinned)
+            freed = prefix.drop(self._pinned) * self.service.model.kv.pool.block_bytes
+        self._pinned, self.released = [], True
+        return freed
 
 
 def _partial_timings(handle: Handle, ids: list[int], prompt_tokens: int) -> Timings:

@@ -151,6 +151,17 @@ class PrefixIndex:
                 del self._entries[h]
                 self.pool.free([entry.block])
 
+    def drop(self, hashes: Sequence[str]) -> int:
+        """Forget these blocks now unless someone is using them; returns how many went."""
+        dropped = 0
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is not None and entry.users == 0:
+                del self._entries[h]
+                self.pool.free([entry.block])
+                dropped += 1
+        return dropped
+
     def clear(self) -> None:
         for entry in self._entries.values():
             self.pool.free([entry.block])

@@ -1,0 +1,87 @@
+"""The service API apps hold directly: sessions, asyncio use, fallbacks."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import edgellm
+from edgellm.generate import Completion
+from edgellm.kv import KVConfig
+from edgellm.service import Request, Service
+
+
+@pytest.fixture(scope="module")
+def service(smollm2_path):
+    model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=128 * 2**20))
+    svc = Service(model, queue_limit=3)
+    yield svc
+    svc.close()
+    model.close()
+
+
+def _done(handle) -> Completion:
+    return [e for e in handle if isinstance(e, Completion)][0]
+
+
+def test_session_keeps_the_conversation_and_its_kv_until_release(service):
+    pool = service.model.kv.pool
+    before = pool.used_bytes
+    session = service.init(system="You are terse.", max_tokens=16, temperature=0)
+    first = _done(session.infer("My name is Ada."))
+    assert session.messages[-1] == {"role": "assistant", "content": first.text}
+    second = _done(session.infer("What is my name?"))
+    assert second.timings.prefix_hit_tokens > 0  # the first turn's KV was reused
+    assert len(session.messages) == 5 and session.kv_bytes > 0
+    held = pool.used_bytes
+    freed = session.release()
+    assert freed > 0 and pool.used_bytes == held - freed  # freed at once
+    assert pool.used_bytes >= before
+    with pytest.raises(edgellm.InvalidRequest):
+        session.infer("again?")
+
+
+def test_two_sessions_share_the_weights_with_separate_conversations(service):
+    a = service.init(max_tokens=8, temperature=0)
+    b = service.init(max_tokens=8, temperature=0)
+    _done(a.infer("Hello from A"))
+    _done(b.infer("Hello from B"))
+    assert a.messages[0]["content"] == "Hello from A" and b.messages[0]["content"] == "Hello from B"
+    a.release()
+    b.release()
+
+
+def test_service_is_usable_from_asyncio(service):
+    async def run():
+        handle = service.submit(Request("Once upon a time", {"max_tokens": 8, "temperature": 0}))
+        return [event async for event in handle]
+    events = asyncio.run(run())
+    assert isinstance(events[-1], Completion) and len(events[-1].token_ids) == 8
+
+
+def test_context_overflow_falls_back_to_dropping_old_turns(smollm2_path):
+    model = edgellm.load(smollm2_path, context_length=256)
+    svc = Service(model)
+    try:
+        history = [{"role": "user", "content": "word " * 300}, {"role": "assistant", "content": "ok"},
+                   {"role": "user", "content": "Say hi."}]
+        handle = svc.submit(Request(history, {"max_tokens": 4}, chat=True))
+        done = _done(handle)
+        assert "context_truncated" in handle.degraded and done.token_ids
+    finally:
+        svc.close()
+        model.close()
+
+
+def test_kv_budget_falls_back_to_int4_kv(smollm2_path):
+    # 2 MiB holds ~45 tokens of f32 KV but ~290 of INT4
+    model = edgellm.load(smollm2_path, kv=KVConfig(budget_bytes=2 * 2**20))
+    svc = Service(model)
+    try:
+        handle = svc.submit(Request("word " * 120, {"max_tokens": 8}))
+        done = _done(handle)
+        assert handle.degraded == ["kv_int4_fallback"] and len(done.token_ids) == 8
+        assert model.kv.config.k_precision == "f32"  # the fallback lasted one request
+    finally:
+        svc.close()
+        model.close()
