@@ -13,6 +13,7 @@ from edgellm.formats.gguf import GGUFFile, open_gguf
 from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_large_frees_to_os, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
+from edgellm.generate.generator import Generation
 from edgellm.kv import KVConfig, KVManager
 from edgellm.kv.persist import load_prefix, save_prefix
 from edgellm.models import build_model
@@ -93,11 +94,16 @@ class Model:
         return events if stream else last_completion(events)
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
-        if isinstance(sampling.get("stop"), str):
-            sampling["stop"] = (sampling["stop"],)
-        params = SamplingParams(**{**sampling, "stop": tuple(sampling.get("stop") or ())})
-        return stream_generate(self.net, ids, params, token_bytes=self.tokenizer.token_bytes,
-                               eos_ids=self.tokenizer.eos_ids, kv=self.kv, context_length=self.context_length)
+        return stream_generate(self.net, ids, _params(sampling), **self._options())
+
+    def generation(self, prompt, *, chat: bool = False, **sampling: Any) -> Generation:
+        """A step-wise generation (prefill / accept) for engines that batch decode steps."""
+        ids = self.template.encode_chat(prompt) if chat else self._ids(prompt)
+        return Generation(self.net, ids, _params(sampling), **self._options())
+
+    def _options(self) -> dict[str, Any]:
+        return dict(token_bytes=self.tokenizer.token_bytes, eos_ids=self.tokenizer.eos_ids, kv=self.kv,
+                    context_length=self.context_length)
 
     def logits(self, ids: Sequence[int], kv: KVConfig | None = None) -> torch.Tensor:
         """Teacher-forced logits (T, V) for a token sequence (evaluation, parity checks),
@@ -146,6 +152,12 @@ class Model:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _params(sampling: dict[str, Any]) -> SamplingParams:
+    stop = sampling.get("stop")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    return SamplingParams(**{**sampling, "stop": stop})
 
 
 def _fit_budget(source: GGUFFile, budget, context_length: int | None, kv: KVConfig | None) -> tuple[int, KVConfig]:

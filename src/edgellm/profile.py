@@ -16,7 +16,7 @@ BUILT_IN = ("phone", "tablet", "desktop")
 class DeviceProfile:
     name: str = "default"
     threads: int | None = None  # None: physical cores
-    mode: str = "latency"  # latency: one request at a time; throughput: batched decode (not yet: runs as latency)
+    mode: str = "latency"  # latency: one request at a time; throughput: continuous batching up to max_batch
     max_batch: int = 1
     context: int | None = None  # None: the model's
     kv_precision: str = "f32"

@@ -89,3 +89,22 @@ def test_gemma3_sliding_window_hides_old_tokens(tmp_path):
     with torch.inference_mode():
         ref = hf_model("gemma3", weights, sliding_window=4)(TOKENS).logits[0]
     torch.testing.assert_close(a, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_batched_decode_equals_one_sequence_at_a_time(tiny):
+    from edgellm.kv import BatchKV
+
+    _, _, source = tiny
+    model = build_model(source, VOCAB, "exact")
+    prompts = [TOKENS[:, :5], TOKENS[:, 5:14], TOKENS[:, 14:17]]  # different lengths: different positions
+    singles, seqs = [], []
+    with torch.inference_mode():
+        for p in prompts:
+            seq = fresh_sequence(model)
+            model(p, seq)
+            seqs.append(seq)
+            alone = fresh_sequence(model)
+            model(p, alone)
+            singles.append(model(torch.tensor([[7]]), alone)[0, -1])
+        batched = model(torch.tensor([[7], [7], [7]]), BatchKV(seqs))[:, -1]
+    torch.testing.assert_close(batched, torch.stack(singles), atol=1e-4, rtol=1e-4)

@@ -85,3 +85,21 @@ def test_kv_budget_falls_back_to_int4_kv(smollm2_path):
     finally:
         svc.close()
         model.close()
+
+
+def test_throughput_mode_batches_and_matches_latency_mode(smollm2_path):
+    model = edgellm.load(smollm2_path)
+    prompts = ["Once upon a time", "The capital of France is", "def add(a, b):"]
+    alone = [model.generate(p, max_tokens=12).token_ids for p in prompts]
+    svc = Service(model, mode="throughput", max_batch=4, queue_limit=4)
+    try:
+        handles = [svc.submit(Request(p, {"max_tokens": 12, "temperature": 0})) for p in prompts]
+        results = [_done(h).token_ids for h in handles]
+        assert results == alone  # batching changes nothing under greedy
+        late = svc.submit(Request("Once upon a time", {"max_tokens": 2000, "temperature": 0}, timeout_s=0.5))
+        done = _done(late)
+        assert done.finish_reason == "timeout" and done.token_ids
+        assert model.kv.pool.used_blocks == 0 and not svc.busy
+    finally:
+        svc.close()
+        model.close()

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prefix", action="store_true", help="TTFT with and without a cached 1,000-token prefix")
     bench.add_argument("--soak", type=int, default=0, metavar="TOKENS",
                        help="stream this many tokens through the sliding window, sampling RSS")
+    bench.add_argument("--serving", action="store_true",
+                       help="aggregate tok/s with 1, 2, 4 concurrent streams: throughput vs latency mode")
     bench.add_argument("--kv-window", type=int, default=None, help="window for --soak (default 512)")
     bench.set_defaults(func=cmd_bench)
 

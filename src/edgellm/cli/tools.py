@@ -1,9 +1,10 @@
-"""`edgellm info | plan | bench`: describe a file, fit it into memory, measure it."""
+"""`edgellm info | plan | bench | serve`: describe a file, fit it into memory, measure it, serve it."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import threading
 
 from edgellm.registry import REGISTRY
 
@@ -47,7 +48,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         resolve_model(model)
     if args.profile:
         return _profile(models[0], args)
-    if args.memory or args.prefix or args.soak:
+    if args.memory or args.prefix or args.soak or args.serving:
         return _bench_memory(models[0], args)
     config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,
                          gen_tokens=args.gen_tokens, repeat=args.repeat, mode=args.mode,
@@ -66,7 +67,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_memory(model_name: str, args: argparse.Namespace) -> int:
     from edgellm.bench import memory
 
-    if args.memory:
+    if args.serving:
+        from edgellm.bench.serving import throughput
+
+        report = throughput(model_name)
+    elif args.memory:
         report = memory.memory_report(model_name)
         if args.plot:
             memory.plot_memory(report, args.plot)
@@ -135,7 +140,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     profile = load_profile(args.profile) if args.profile else DeviceProfile()
     # Explicit flags win over the profile.
-    args.threads = args.threads or profile.threads
+    from edgellm.threads import default_threads
+
+    # A profile's thread count never exceeds this machine's cores: oversubscription halves decode speed.
+    args.threads = args.threads or (min(profile.threads, default_threads()) if profile.threads else None)
     args.kv_precision = args.kv_precision or profile.kv_precision
     model = load_model(args, context_length=profile.context)
     logging.basicConfig(level=logging.DEBUG if args.log_text else logging.INFO,
@@ -146,7 +154,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(model, model_id=args.model, api_key=args.api_key, thermal=thermal,
                      queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
                      timeout_s=args.timeout or profile.timeout_s, log_text=args.log_text,
-                     warmup_delay_s=profile.warmup_delay_s)
+                     warmup_delay_s=profile.warmup_delay_s, mode=profile.mode, max_batch=profile.max_batch,
+                     start_engine=False)
     print(f"serving {args.model} ({profile.name} profile) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=True)
+    # HTTP in a thread, the engine in this one (the thread that loaded the model: see Service.run_forever).
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    server.install_signal_handlers = lambda: None  # signals stay with this (main) thread
+    http = threading.Thread(target=server.run, name="edgellm-http", daemon=True)
+    http.start()
+    try:
+        app.state.service.run_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        http.join(timeout=10)
     return 0

@@ -11,7 +11,7 @@ from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenEvent
 from edgellm.generate.sampling import Sampler, SamplingParams
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
-from edgellm.kv import KVManager, SequenceKV
+from edgellm.kv import BatchKV, KVManager, SequenceKV
 from edgellm.memory import peak_rss_bytes
 
 PREFILL_CHUNK = 512  # tokens per prefill pass: bounds attention scratch memory
@@ -34,62 +34,111 @@ def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = P
     return logits
 
 
-def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, *,
-                    token_bytes: Callable[[int], bytes], eos_ids: frozenset[int], kv: KVManager,
-                    context_length: int | None = None) -> Iterator[GenerationEvent]:
+class Generation:
+    """One sequence's generation as explicit steps (prefill, then accept one logits row at a
+    time), so an engine can run the decode steps of several sequences as one batch."""
+
+    def __init__(self, model: CausalLM, prompt_ids: list[int], params: SamplingParams, *,
+                 token_bytes: Callable[[int], bytes], eos_ids: frozenset[int], kv: KVManager,
+                 context_length: int | None = None):
+        context = context_length or model.config.context_length
+        if not prompt_ids:
+            raise InvalidRequest("the prompt is empty")
+        if len(prompt_ids) >= context:
+            raise ContextOverflow(len(prompt_ids), context)
+        sliding = kv.config.max_tokens is not None
+        self.budget = params.max_tokens if sliding else min(params.max_tokens, context - len(prompt_ids))
+        kv.admit(len(prompt_ids) + self.budget)
+        self.model, self.kv, self.params, self.eos_ids = model, kv, params, eos_ids
+        self.prompt_ids = list(prompt_ids)
+        self.sampler, self.detok, self.stops = Sampler(params), IncrementalDetokenizer(token_bytes), StopMatcher(params.stop)
+        self.history, self.generated, self.pieces = list(prompt_ids), [], []
+        self.start = time.perf_counter()
+        self.seq, self.reused = kv.new_sequence(prompt_ids)
+        self.prefill_done = self.first_token_at = self.start
+        self.next_token: int | None = None  # to feed the next decode step
+        self.completion: Completion | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.completion is not None
+
+    def prefill(self) -> torch.Tensor:
+        logits = prefill(self.model, self.seq, self.prompt_ids[self.reused:], _chunk_for(self.kv))
+        self.prefill_done = self.first_token_at = time.perf_counter()
+        return logits
+
+    def accept(self, logits: torch.Tensor) -> list[GenerationEvent]:
+        """Sample from one position's logits; returns the events this step releases."""
+        if len(self.generated) >= self.budget:
+            return [self.finish("length", None)]
+        token = self.sampler(logits, self.history)
+        if not self.generated:
+            self.first_token_at = time.perf_counter()
+        if token in self.eos_ids and not self.params.ignore_eos:
+            return [self.finish("stop", token)]
+        self.history.append(token)
+        self.generated.append(token)
+        text = self.stops.push(self.detok.push(token))
+        self.pieces.append(text)
+        events: list[GenerationEvent] = [TokenEvent(token, text)]
+        if self.stops.matched is not None:
+            events.append(self.finish("stop", self.stops.matched))
+        elif len(self.generated) >= self.budget:
+            events.append(self.finish("length", None))
+        else:
+            self.next_token = token
+        return events
+
+    def finish(self, reason: str, stop=None) -> Completion:
+        """End now (also early: "timeout", "cancelled") and release the KV."""
+        end = time.perf_counter()
+        tail = "" if self.stops.matched is not None else _tail(self.detok, self.stops)
+        if self.stops.matched is not None:
+            reason, stop = "stop", self.stops.matched
+        timings = Timings(
+            prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.generated),
+            ttft_s=self.first_token_at - self.start, prefill_s=self.prefill_done - self.start,
+            decode_s=end - self.first_token_at, peak_rss_bytes=peak_rss_bytes(), kv_bytes=self.seq.nbytes,
+            prefix_hit_tokens=self.reused)
+        self.completion = Completion(reason, "".join(self.pieces) + tail, tuple(self.generated), tail, timings, stop)
+        self.close()
+        return self.completion
+
+    def close(self) -> None:
+        """Return the sequence's KV (idempotent)."""
+        if self.seq.layers:
+            self.seq.release()
+
+
+def decode_step(model: CausalLM, generations: list[Generation]) -> torch.Tensor:
+    """One decode step for several sequences at once: their linears run as one batch.
+    Returns (len(generations), V) logits."""
+    for g in generations:
+        g.seq.prepare(1)
+    tokens = torch.tensor([[g.next_token] for g in generations])
+    caches = generations[0].seq if len(generations) == 1 else BatchKV([g.seq for g in generations])
+    logits = model(tokens, caches, last_only=True)[:, -1]
+    for g in generations:
+        g.seq.advance([g.next_token])
+    return logits
+
+
+def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, **options) -> Iterator[GenerationEvent]:
     """Yields a TokenEvent per generated token, then one Completion. The sequence's KV is
     released when the generator finishes or is closed early."""
-    context = context_length or model.config.context_length
-    if not prompt_ids:
-        raise InvalidRequest("the prompt is empty")
-    if len(prompt_ids) >= context:
-        raise ContextOverflow(len(prompt_ids), context)
-    sliding = kv.config.max_tokens is not None
-    budget = params.max_tokens if sliding else min(params.max_tokens, context - len(prompt_ids))
-    sampler, detok, stops = Sampler(params), IncrementalDetokenizer(token_bytes), StopMatcher(params.stop)
-    history, generated, pieces = list(prompt_ids), [], []
-    finish, stop = "length", None
-
-    kv.admit(len(prompt_ids) + budget)
-    start = time.perf_counter()
-    seq, reused = kv.new_sequence(prompt_ids)
+    generation = Generation(model, prompt_ids, params, **options)
     try:
         with torch.inference_mode():
-            logits = prefill(model, seq, prompt_ids[reused:], _chunk_for(kv))
-            prefill_done = first_token_at = time.perf_counter()
-            for step in range(budget):
-                token = sampler(logits, history)
-                if step == 0:
-                    first_token_at = time.perf_counter()
-                if token in eos_ids and not params.ignore_eos:
-                    finish, stop = "stop", token
-                    break
-                history.append(token)
-                generated.append(token)
-                text = stops.push(detok.push(token))
-                pieces.append(text)
-                yield TokenEvent(token, text)
-                if stops.matched is not None:
-                    finish, stop = "stop", stops.matched
-                    break
-                if step + 1 < budget:
-                    seq.prepare(1)
-                    logits = model(torch.tensor([[token]]), seq, last_only=True)[0, -1]
-                    seq.advance([token])
-        end = time.perf_counter()
-        kv_bytes = seq.nbytes
+            logits = generation.prefill()
+            while True:
+                events = generation.accept(logits)
+                yield from events
+                if generation.done:
+                    return
+                logits = decode_step(model, [generation])[0]
     finally:
-        seq.release()
-
-    tail = "" if stops.matched is not None else _tail(detok, stops)
-    if stops.matched is not None and stop is None:
-        finish, stop = "stop", stops.matched
-    timings = Timings(
-        prompt_tokens=len(prompt_ids), completion_tokens=len(generated),
-        ttft_s=first_token_at - start, prefill_s=prefill_done - start,
-        decode_s=end - first_token_at, peak_rss_bytes=peak_rss_bytes(), kv_bytes=kv_bytes,
-        prefix_hit_tokens=reused)
-    yield Completion(finish, "".join(pieces) + tail, tuple(generated), tail, timings, stop)
+        generation.close()
 
 
 def _chunk_for(kv: KVManager) -> int:

@@ -1,8 +1,8 @@
 """KV caches. Every cache speaks the same small protocol so model code never asks which it has."""
 from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes
 from edgellm.kv.cache import CAUSAL, DenseCache, KVCache, RingCache
-from edgellm.kv.sequence import (KVConfig, KVManager, LayerSpec, SequenceKV, fresh_sequence,
+from edgellm.kv.sequence import (BatchKV, KVConfig, KVManager, LayerSpec, SequenceKV, fresh_sequence,
                                  kv_bytes_per_token)
 
-__all__ = ["CAUSAL", "BlockPool", "DenseCache", "KVCache", "KVConfig", "KVManager", "LayerSpec", "PrefixIndex",
+__all__ = ["CAUSAL", "BatchKV", "BlockPool", "DenseCache", "KVCache", "KVConfig", "KVManager", "LayerSpec", "PrefixIndex",
            "RingCache", "SequenceKV", "chain_hashes", "fresh_sequence", "kv_bytes_per_token"]

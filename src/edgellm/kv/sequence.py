@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import torch
+
 from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes
 from edgellm.kv.cache import DenseCache, KVCache, RingCache, Rotate
@@ -80,6 +82,10 @@ class SequenceKV:
     def offset(self) -> int:
         return self.layers[0].offset
 
+    def positions(self, t: int) -> torch.Tensor:
+        """Positions of the next t tokens, (t,)."""
+        return torch.arange(self.offset, self.offset + t)
+
     @property
     def nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers)
@@ -121,6 +127,39 @@ class SequenceKV:
         self.manager.prefix.release(self._prefix_hashes) if self.manager.prefix else None
         self._prefix_hashes = []
         self.layers = []
+
+
+class LayerBatch:
+    """One layer's caches of several sequences, updated and fetched together; attention then
+    runs per sequence over lists (their lengths differ)."""
+
+    def __init__(self, caches: list[KVCache]):
+        self.caches = caches
+
+    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[list, list, list]:
+        fetched = [c.update_and_fetch(k[i:i + 1], v[i:i + 1]) for i, c in enumerate(self.caches)]
+        keys, values, visibility = zip(*fetched)
+        return list(keys), list(values), list(visibility)
+
+
+class BatchKV:
+    """Several sequences' KV seen as one batch by the model (a decode step of a batch)."""
+
+    def __init__(self, sequences: list[SequenceKV]):
+        self.sequences = sequences
+
+    def __len__(self) -> int:
+        return len(self.sequences[0])
+
+    def __getitem__(self, i: int) -> LayerBatch:
+        return LayerBatch([s[i] for s in self.sequences])
+
+    def __iter__(self) -> Iterator[LayerBatch]:
+        return (self[i] for i in range(len(self)))
+
+    def positions(self, t: int) -> torch.Tensor:
+        """(B, t) positions: each sequence continues from its own offset."""
+        return torch.stack([s.positions(t) for s in self.sequences])
 
 
 class KVManager:

@@ -135,8 +135,7 @@ class Gemma3(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
-        start = caches[0].offset
-        positions = torch.arange(start, start + tokens.shape[1])
+        positions = caches.positions(tokens.shape[1])
         rope_local, rope_global = self.rotary_local(positions), self.rotary_global(positions)
         x = self.embed(tokens) * self.embed_scale
         for block, cache in zip(self.blocks, caches):

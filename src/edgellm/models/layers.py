@@ -38,9 +38,10 @@ class Rotary(nn.Module):
         return apply_rotary(x, cos[0, 0], sin[0, 0])
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of each position's angles, (T, 1, D), both halves repeated."""
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # (T, 1, D)
+        """cos and sin of each position's angles, both halves repeated: (T, 1, D) for
+        positions (T,), (B, T, 1, D) for a batch's own positions (B, T)."""
+        angles = positions.float()[..., None] * self.inv_freq  # (..., T, D/2)
+        angles = torch.cat((angles, angles), dim=-1).unsqueeze(-2)  # (..., T, 1, D)
         return angles.cos(), angles.sin()
 
 
@@ -56,7 +57,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     """Attention of new queries q (B, Hq, T, D) over cached keys k, v (B, Hkv, S, D).
 
     `visibility` comes from the cache: None (all keys), CAUSAL (a fresh prefill: the flash
-    kernel's own causal path skips the masked half) or a (T, S) bool mask."""
+    kernel's own causal path skips the masked half) or a (T, S) bool mask. For a batch of
+    sequences (LayerBatch) k, v and visibility are lists, one per sequence."""
+    if isinstance(k, list):
+        return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale) for i in range(len(k))])
     if isinstance(visibility, str):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)

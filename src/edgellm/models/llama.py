@@ -131,8 +131,7 @@ class Llama(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
-        start = caches[0].offset
-        rope = self.rotary(torch.arange(start, start + tokens.shape[1]))
+        rope = self.rotary(caches.positions(tokens.shape[1]))
         x = self.embed(tokens)
         for block, cache in zip(self.blocks, caches):
             x = block(x, rope, cache)
