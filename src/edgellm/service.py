@@ -69,7 +69,8 @@ class Service:
     def __init__(self, model, *, queue_limit: int = 3, default_timeout_s: float = 15.0,
                  on_finish: Callable[[Handle, Completion], None] | None = None, thermal=None,
                  hot_kv_precision: str = "int8", mode: str = "latency", max_batch: int = 4,
-                 start: bool = True):
+                 start: bool = True, fallbacks: tuple[str, ...] = ("shorter_context", "int4_kv", "smaller_model"),
+                 fallback_model=None):
         """mode "latency": one request at a time. "throughput": up to max_batch requests decode
         together (continuous batching: new ones join between steps, finished ones leave)."""
         self.model, self.queue_limit, self.default_timeout_s = model, queue_limit, default_timeout_s
@@ -77,6 +78,11 @@ class Service:
         self._active: list = []  # throughput mode: (handle, generation, deadline)
         self.on_finish = on_finish
         self.thermal = thermal  # a ThermalGovernor, or None
+        unknown = set(fallbacks) - {"shorter_context", "int4_kv", "smaller_model"}
+        if unknown:
+            raise InvalidRequest(f"unknown fallbacks: {', '.join(sorted(unknown))}")
+        self.fallbacks, self.fallback_model = tuple(fallbacks), fallback_model
+        self._fallback_cool_kv = fallback_model.kv if fallback_model is not None else None
         self._cool_kv = model.kv
         self._hot_kv = self._fallback_kv(model, hot_kv_precision) if thermal is not None else None
         self._cool_rate: float | None = None  # decode tokens/s measured while cool
@@ -240,31 +246,46 @@ class Service:
                 handle.degraded.append("thermal_throttle")
         return time.perf_counter()
 
-    def _events(self, request: Request):
-        model = self.model
+    @staticmethod
+    def _events(model, request: Request):
         return model.chat(request.prompt, stream=True, **request.sampling) if request.chat \
             else model.stream(request.prompt, **request.sampling)
 
     def _start(self, handle: Handle):
-        """Begin generation, walking the fallback chain when the request does not fit:
-        INT4 KV when the KV budget is short, then dropping the oldest chat turns when the
-        context overflows. Returns the event stream and its first event."""
-        request = handle.request
+        """Begin generation, walking the configured fallback chain when the request does not
+        fit: "shorter_context" drops the oldest chat turns on overflow, "int4_kv" retries with
+        INT4 KV when the KV budget is short, "smaller_model" hands the request to the fallback
+        model (also while the device is hot). Returns the event stream and its first event."""
+        request, model = handle.request, self.model
+        if self._hot_model_switch():
+            model = self._use_smaller(handle)
         while True:
-            events = self._events(request)
+            events = self._events(model, request)
             try:
                 return events, next(events)
             except OutOfMemoryBudget:
-                if self.model.kv.config.k_precision == "int4":
+                if "int4_kv" in self.fallbacks and model.kv.config.k_precision != "int4":
+                    model.kv = self._fallback_kv(model, "int4")
+                    handle.degraded.append("kv_int4_fallback")
+                elif "smaller_model" in self.fallbacks and self.fallback_model is not None \
+                        and model is not self.fallback_model:
+                    model = self._use_smaller(handle)
+                else:
                     raise
-                self.model.kv = self._fallback_kv(self.model, "int4")
-                handle.degraded.append("kv_int4_fallback")
             except ContextOverflow:
                 shorter = _drop_oldest_turn(request.prompt) if request.chat else None
-                if shorter is None:
+                if "shorter_context" not in self.fallbacks or shorter is None:
                     raise
                 request = replace(request, prompt=shorter)
                 handle.degraded.append("context_truncated") if "context_truncated" not in handle.degraded else None
+
+    def _hot_model_switch(self) -> bool:
+        return (self.thermal is not None and self.fallback_model is not None and "smaller_model" in self.fallbacks
+                and self.thermal.state().hot)
+
+    def _use_smaller(self, handle: Handle):
+        handle.degraded.append("smaller_model")
+        return self.fallback_model
 
     def _run(self, handle: Handle) -> None:
         request, model = handle.request, self.model
@@ -275,6 +296,8 @@ class Service:
         finally:
             if self.thermal is None or not self.thermal.state().hot:
                 self.model.kv = self._cool_kv  # a fallback lasts for one request
+            if self.fallback_model is not None:
+                self.fallback_model.kv = self._fallback_cool_kv
         pieces, ids = [], []
         last = time.perf_counter()
         try:

@@ -103,3 +103,27 @@ def test_throughput_mode_batches_and_matches_latency_mode(smollm2_path):
     finally:
         svc.close()
         model.close()
+
+
+def test_fallback_chain_reaches_the_smaller_model_and_is_configurable(smollm2_path, gemma3_path):
+    # Gemma 3 with a KV budget too small even for INT4 KV; SmolLM2 is the configured smaller model.
+    big = edgellm.load(gemma3_path, kv=KVConfig(budget_bytes=64 * 2**10))
+    small = edgellm.load(smollm2_path)
+    svc = Service(big, fallback_model=small)
+    strict = Service(big, fallbacks=("shorter_context",))
+    try:
+        handle = svc.submit(Request("Hello there", {"max_tokens": 4}))
+        done = _done(handle)
+        assert handle.degraded == ["kv_int4_fallback", "smaller_model"] and len(done.token_ids) == 4
+        with pytest.raises(edgellm.EdgeLLMError):
+            _done(strict.submit(Request("Hello there", {"max_tokens": 4})))
+    finally:
+        svc.close()
+        strict.close()
+        big.close()
+        small.close()
+
+
+def test_unknown_fallback_name_is_rejected(service):
+    with pytest.raises(edgellm.InvalidRequest):
+        Service(service.model, fallbacks=("pray",), start=False)
