@@ -86,6 +86,7 @@ class Service:
         self._cool_kv = model.kv
         self._hot_kv = self._fallback_kv(model, hot_kv_precision) if thermal is not None else None
         self._cool_rate: float | None = None  # decode tokens/s measured while cool
+        self._cool_step_s: float | None = None  # throughput mode: batch step time while cool
         self._waiting: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._depth = 0  # waiting, not yet running
@@ -162,11 +163,26 @@ class Service:
             live = [entry for entry in self._active if not entry[1].done]
             if not live:
                 continue
+            step_start = time.perf_counter()
             with torch.inference_mode():
                 logits = decode_step(self.model.net, [g for _, g, _ in live])
+            self._pace_step(live, time.perf_counter() - step_start)
             for i, entry in enumerate(live):
                 self._deliver(entry, entry[1].accept(logits[i]))
             self._active = [e for e in self._active if not e[1].done]
+
+    def _pace_step(self, live: list, elapsed: float) -> None:
+        """Throughput mode's thermal policy: while hot, stretch each batch step so the decode
+        rate is the cool rate × (1 − (T − 60)/100)."""
+        state = self.thermal.state() if self.thermal is not None else None
+        if state is None or not state.hot:
+            self._cool_step_s = elapsed if self._cool_step_s is None else 0.9 * self._cool_step_s + 0.1 * elapsed
+            return
+        if self._cool_step_s:
+            time.sleep(max(0.0, self._cool_step_s / state.rate_scale - elapsed))
+            for handle, _, _ in live:
+                if "thermal_throttle" not in handle.degraded:
+                    handle.degraded.append("thermal_throttle")
 
     def _admit(self, block: bool) -> None:
         """Move waiting requests into the running batch (prefill each) while there is room."""

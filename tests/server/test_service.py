@@ -127,3 +127,23 @@ def test_fallback_chain_reaches_the_smaller_model_and_is_configurable(smollm2_pa
 def test_unknown_fallback_name_is_rejected(service):
     with pytest.raises(edgellm.InvalidRequest):
         Service(service.model, fallbacks=("pray",), start=False)
+
+
+def test_throughput_mode_throttles_while_hot(smollm2_path, tmp_path):
+    from edgellm.thermal import ThermalGovernor
+
+    sensor = tmp_path / "temp"
+    sensor.write_text("40")
+    model = edgellm.load(smollm2_path)
+    svc = Service(model, mode="throughput", max_batch=2, thermal=ThermalGovernor(sensor, poll_s=0))
+    try:
+        body = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        cool = _done(svc.submit(Request("Once upon a time", body)))
+        sensor.write_text("95")
+        hot_handle = svc.submit(Request("Once upon a time", body))
+        hot = _done(hot_handle)
+        assert "thermal_throttle" in hot_handle.degraded and "thermal_kv_fallback" in hot_handle.degraded
+        assert hot.timings.decode_s > cool.timings.decode_s * 1.2
+    finally:
+        svc.close()
+        model.close()

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--profile", default=None, help="device profile: phone, tablet, desktop or a .toml path")
     serve.add_argument("--queue-limit", type=int, default=None, help="requests that may wait; more get 429 (3)")
     serve.add_argument("--timeout", type=float, default=None, help="seconds per request before partial output (15)")
+    serve.add_argument("--fallback-model", default=None,
+                       help="a smaller model for requests that do not fit, or while the device is hot")
     serve.add_argument("--thermal-source", default=None,
                        help="file with the temperature (°C or millidegrees); default: Linux thermal zones")
     serve.add_argument("--thermal-threshold", type=float, default=75.0, help="°C above which decoding slows")

@@ -151,11 +151,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from edgellm.thermal import ThermalGovernor
 
     thermal = ThermalGovernor(args.thermal_source, threshold_c=args.thermal_threshold)
+    fallback = None
+    if args.fallback_model:
+        from edgellm.model import load
+
+        fallback = load(args.fallback_model, threads=args.threads)
     app = create_app(model, model_id=args.model, api_key=args.api_key, thermal=thermal,
                      queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
                      timeout_s=args.timeout or profile.timeout_s, log_text=args.log_text,
                      warmup_delay_s=profile.warmup_delay_s, mode=profile.mode, max_batch=profile.max_batch,
-                     start_engine=False)
+                     start_engine=False, fallback_model=fallback)
     print(f"serving {args.model} ({profile.name} profile) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     # HTTP in a thread, the engine in this one (the thread that loaded the model: see Service.run_forever).
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))

@@ -52,7 +52,8 @@ WARMUP_MIN_AVAILABLE = 512 * 2**20  # skip warmup when the device has less free 
 
 def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit: int = 3,
                timeout_s: float = 15.0, log_text: bool = False, warmup_delay_s: float | None = None,
-               thermal=None, mode: str = "latency", max_batch: int = 4, start_engine: bool = True) -> FastAPI:
+               thermal=None, mode: str = "latency", max_batch: int = 4, start_engine: bool = True,
+               fallback_model=None) -> FastAPI:
     metrics = Metrics()
 
     def finished(handle: Handle, done: Completion) -> None:
@@ -70,7 +71,8 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             metrics.degrades.labels(reason).inc()
 
     service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished,
-                      thermal=thermal, mode=mode, max_batch=max_batch, start=start_engine)
+                      thermal=thermal, mode=mode, max_batch=max_batch, start=start_engine,
+                      fallback_model=fallback_model)
     app = FastAPI(title="edgellm", version="0.1.0")
     app.state.service, app.state.metrics = service, metrics
     app.state.warmup = _schedule_warmup(service, metrics, warmup_delay_s)
