@@ -54,6 +54,14 @@ def test_async_streaming_keeps_emoji_and_cjk_intact(server):
     assert all("\ufffd" not in p for p in pieces) and "".join(pieces)
 
 
+def test_responses_carry_per_request_timings(server):
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_ID, "prompt": "Hello", "max_tokens": 8},
+                   timeout=60).json()
+    report = r["edgellm"]
+    assert report["ttft_s"] > 0 and report["decode_tokens_per_s"] > 0 and report["prefill_tokens_per_s"] > 0
+    assert report["queue_wait_s"] >= 0 and report["peak_rss_bytes"] > 0 and report["degraded"] == []
+
+
 def test_models_health_and_metrics(server):
     client = _client(server)
     assert [m.id for m in client.models.list()] == [MODEL_ID]

@@ -64,6 +64,8 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             metrics.ttft.observe(t.ttft_s)
         if t.decode_tokens_per_s > 0:
             metrics.decode.observe(t.decode_tokens_per_s)
+        if t.prefill_tokens_per_s > 0:
+            metrics.prefill.observe(t.prefill_tokens_per_s)
         metrics.queue_wait.observe(handle.queue_wait_s)
         metrics.tokens.labels("prompt").inc(t.prompt_tokens)
         metrics.tokens.labels("completion").inc(t.completion_tokens)
@@ -160,7 +162,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
                 raise
             return StreamingResponse(_sse(handle, first, rid, kind, include_usage), media_type="text/event-stream")
         done = await _wait(handle)
-        return _full_response(rid, kind, done, model_id) | {"edgellm": {"degraded": handle.degraded}}
+        return _full_response(rid, kind, done, model_id) | {"edgellm": _report(handle, done)}
 
     async def _next(handle: Handle):
         event = await anyio.to_thread.run_sync(handle.events.get)
@@ -200,7 +202,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
                     yield _chunk(rid, created, model_id, event.tail, None, chat)
                 yield _chunk(rid, created, model_id, None, event.finish_reason, chat)
                 if include_usage:
-                    yield _usage_chunk(rid, created, model_id, event, chat)
+                    yield _usage_chunk(rid, created, model_id, event, chat, _report(handle, event))
                 yield "data: [DONE]\n\n"
                 return
         finally:
@@ -262,7 +264,16 @@ def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: 
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-def _usage_chunk(rid: str, created: int, model_id: str, done: Completion, chat: bool) -> str:
+def _report(handle: Handle, done: Completion) -> dict:
+    """edgellm's per-request facts, beside OpenAI's fields (clients ignore unknown ones)."""
+    t = done.timings
+    return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
+            "ttft_s": round(t.ttft_s, 4), "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 1),
+            "decode_tokens_per_s": round(t.decode_tokens_per_s, 1), "peak_rss_bytes": t.peak_rss_bytes,
+            "kv_bytes": t.kv_bytes, "prefix_hit_tokens": t.prefix_hit_tokens}
+
+
+def _usage_chunk(rid: str, created: int, model_id: str, done: Completion, chat: bool, report: dict) -> str:
     body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model_id, "choices": [], "usage": _usage(done)}
+            "model": model_id, "choices": [], "usage": _usage(done), "edgellm": report}
     return f"data: {json.dumps(body)}\n\n"

@@ -17,6 +17,8 @@ class Metrics:
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
         self.decode = Histogram("edgellm_decode_tokens_per_second", "Decode speed per request", registry=r,
                                 buckets=(5, 10, 25, 50, 75, 100, 150, 200, 300))
+        self.prefill = Histogram("edgellm_prefill_tokens_per_second", "Prefill speed per request", registry=r,
+                                 buckets=(50, 100, 250, 500, 1000, 2000, 4000))
         self.queue_wait = Histogram("edgellm_queue_wait_seconds", "Time spent waiting for the engine", registry=r)
         self.tokens = Counter("edgellm_tokens", "Tokens processed", ["kind"], registry=r)
         self.degrades = Counter("edgellm_degrades", "Requests run degraded, by reason", ["reason"], registry=r)
