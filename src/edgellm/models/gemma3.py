@@ -9,6 +9,7 @@ GGUF files store every Gemma norm weight as (1 + w), so the plain RMSNorm applie
 from __future__ import annotations
 
 import math
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgellm.kv.sequence import LayerSpec
-from edgellm.models.layers import RMSNorm, Rotary, apply_rotary, attention
+from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, attention
 from edgellm.models.weights import Weights
 
 LOCAL_ROPE_BASE = 10_000.0  # Gemma 3's sliding layers; the file carries only the global base
@@ -87,17 +88,6 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, w: Weights, prefix: str):
-        super().__init__()
-        self.gate_up_proj = w.linear(f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight")
-        self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
-
-
 class Block(nn.Module):
     def __init__(self, cfg: Gemma3Config, w: Weights, i: int):
         super().__init__()
@@ -107,7 +97,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, w, p, self.sliding)
         self.post_attn_norm = RMSNorm(w.vector(f"{p}.post_attention_norm.weight"), eps)
         self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), eps)
-        self.mlp = MLP(w, p)
+        self.mlp = GatedMLP(w, p, partial(F.gelu, approximate="tanh"))
         self.post_mlp_norm = RMSNorm(w.vector(f"{p}.post_ffw_norm.weight"), eps)
 
     def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:

@@ -64,3 +64,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     if isinstance(visibility, str):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) ⊙ up(x)), gate and up fused into one matmul at load time."""
+
+    def __init__(self, w, prefix: str, activation):
+        super().__init__()
+        self.gate_up_proj = w.linear(f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight")
+        self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.activation(gate) * up)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgellm.kv.sequence import LayerSpec
-from edgellm.models.layers import RMSNorm, Rotary, apply_rotary, attention
+from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, attention
 from edgellm.models.weights import Weights
 
 
@@ -88,17 +88,6 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, w: Weights, prefix: str):
-        super().__init__()
-        self.gate_up_proj = w.linear(f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight")
-        self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig, w: Weights, i: int, permuted: bool):
         super().__init__()
@@ -106,7 +95,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), cfg.rms_eps)
         self.attn = Attention(cfg, w, p, permuted)
         self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), cfg.rms_eps)
-        self.mlp = MLP(w, p)
+        self.mlp = GatedMLP(w, p, F.silu)
 
     def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
         h = x + self.attn(self.attn_norm(x), rope, cache)
