@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edgellm.errors import InvalidRequest
 from edgellm.formats.gguf import GGUFFile
-from edgellm.kv.sequence import KVConfig, _fixed_bytes, kv_bytes_per_token
+from edgellm.kv.sequence import KVConfig, fixed_kv_bytes, kv_bytes_per_token
 from edgellm.models import layer_specs
 from edgellm.quant.ggml import AFFINE_BITS, INT4_TYPES
 
@@ -119,7 +119,7 @@ def plan(source: GGUFFile, budget: int | str, *, runtime_bytes: int = RUNTIME_BA
     for precision in PRECISIONS:
         config = KVConfig(k_precision=precision, v_precision=precision)
         per_token = kv_bytes_per_token(specs, config)
-        room = result.kv_budget_bytes - _fixed_bytes(specs, config)
+        room = result.kv_budget_bytes - fixed_kv_bytes(specs, config)
         result.options.append(KVOption(precision, per_token, max(0, min(target, room // max(per_token, 1)))))
     _choose(result, target, specs)
     return result
@@ -132,7 +132,7 @@ def _choose(result: MemoryPlan, target: int, specs) -> None:
     if best.max_context >= min(MIN_USEFUL_CONTEXT, target):
         result.fits, result.context_length, result.kv_precision = True, best.max_context, best.precision
         config = KVConfig(k_precision=best.precision, v_precision=best.precision)
-        result.kv_bytes = best.bytes_per_token * best.max_context + _fixed_bytes(specs, config)
+        result.kv_bytes = best.bytes_per_token * best.max_context + fixed_kv_bytes(specs, config)
     if not result.fits:
         fixed = result.budget_bytes - result.margin_bytes - result.kv_budget_bytes
         smallest = result.options[-1].bytes_per_token * min(MIN_USEFUL_CONTEXT, target)

@@ -20,6 +20,11 @@ def prompt_of(tokens: list[int], n: int) -> list[int]:
     return (tokens * (n // len(tokens) + 1))[:n]
 
 
+def bench_prompt(tokenizer, n: int) -> list[int]:
+    """n tokens of the held-out text, as edgellm's tokenizer reads it."""
+    return prompt_of(tokenizer.encode(bench_text(), add_special_tokens=False), n)
+
+
 @dataclass(frozen=True)
 class RunTiming:
     ttft_s: float  # prompt in -> first generated token out (prefill + first sample)

@@ -9,16 +9,11 @@ import subprocess
 import sys
 import time
 
+from edgellm.bench.engines import bench_prompt
 from edgellm.memory import rss_bytes, trim
 
 CONTEXTS = (10, 100, 512, 1024, 2048, 4096)
 PRECISIONS = ("f32", "bf16", "int8", "int4")
-
-
-def _prompt(model, n: int) -> list[int]:
-    from edgellm.bench.engines import bench_text, prompt_of
-
-    return prompt_of(model.tokenizer.encode(bench_text(), add_special_tokens=False), n)
 
 
 def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_length: int | None = None) -> dict:
@@ -35,7 +30,7 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
     with torch.inference_mode():  # first use of each prefill shape builds kernel state: not KV
         for n in contexts:
             seq, _ = model.kv.new_sequence()
-            prefill(model.net, seq, _prompt(model, n))
+            prefill(model.net, seq, bench_prompt(model.tokenizer, n))
             seq.release()
     points = []
     for n in contexts:
@@ -43,7 +38,7 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
         trim()
         seq, _ = model.kv.new_sequence()
         with torch.inference_mode():
-            prefill(model.net, seq, _prompt(model, n))
+            prefill(model.net, seq, bench_prompt(model.tokenizer, n))
         trim()
         points.append(dict(tokens=n, rss_bytes=rss_bytes(), kv_bytes=seq.nbytes))
         seq.release()
@@ -93,7 +88,7 @@ def prefix_ttft(model_name: str, prefix_tokens: int = 1000, repeat: int = 3) -> 
     from edgellm.kv import KVConfig
 
     model = edgellm.load(model_name, kv=KVConfig(prefix_cache_bytes=512 * 2**20))
-    shared = _prompt(model, prefix_tokens)
+    shared = bench_prompt(model.tokenizer, prefix_tokens)
     cold, warm = [], []
     for i in range(repeat):
         model.kv.prefix.clear()

@@ -5,10 +5,10 @@ import torch
 
 
 def profile_decode(model, prompt_tokens: int = 128, steps: int = 32, rows: int = 20) -> str:
-    from edgellm.bench.engines import bench_text, prompt_of
+    from edgellm.bench.engines import bench_prompt
     from edgellm.kv import fresh_sequence
 
-    ids = prompt_of(model.tokenizer.encode(bench_text(), add_special_tokens=False), prompt_tokens)
+    ids = bench_prompt(model.tokenizer, prompt_tokens)
     caches = fresh_sequence(model.net)
     net = model.net
     with torch.inference_mode():

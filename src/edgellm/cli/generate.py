@@ -81,18 +81,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.json:
             done = last_completion(events)
             print(json.dumps({"text": done.text, "finish_reason": done.finish_reason,
-                              "token_ids": list(done.token_ids), "timings": _timings_dict(done.timings)}))
+                              "token_ids": list(done.token_ids), "timings": done.timings.as_dict()}))
         else:
             done = _print_stream(events)
             if not args.quiet:
                 print(_stats(done), file=sys.stderr)
     return 0
-
-
-def _timings_dict(t) -> dict[str, float]:
-    return {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens, "ttft_s": t.ttft_s,
-            "prefill_tokens_per_s": t.prefill_tokens_per_s, "decode_tokens_per_s": t.decode_tokens_per_s,
-            "peak_rss_bytes": t.peak_rss_bytes}
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

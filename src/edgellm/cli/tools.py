@@ -23,7 +23,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows = [("file", info.path), ("name", info.name), ("architecture", info.architecture),
             ("file size", f"{info.file_bytes / 2**20:.1f} MiB"), ("parameters", f"{info.parameters / 1e6:.1f} M"),
             ("tensor types", types), ("context length", str(info.context_length)),
-            ("KV bytes per token", f"{info.kv_bytes_per_token} (fp32 K+V, all layers)")]
+            ("KV bytes per token", f"{info.kv_bytes_per_token} (fp32 K+V, layers that grow with the context)")]
     for key, value in rows:
         print(f"{key:>20}  {value}")
     return 0

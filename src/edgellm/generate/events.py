@@ -1,7 +1,7 @@
 """What generation yields: one TokenEvent per generated token, then one Completion."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
@@ -26,6 +26,11 @@ class Timings:
     def decode_tokens_per_s(self) -> float:
         steps = self.completion_tokens - 1  # the first token comes from prefill
         return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """The measured fields and the rates derived from them (for JSON output)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "prefill_tokens_per_s": self.prefill_tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s}
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,6 @@ class KVCache(Protocol):
     def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None: ...
     @property
     def nbytes(self) -> int: ...
-    def state(self) -> dict[str, torch.Tensor]: ...
-    def load_state(self, state: dict[str, torch.Tensor], offset: int) -> None: ...
 
 
 def _chunk_mask(t: int, s: int) -> torch.Tensor:
@@ -98,14 +96,6 @@ class DenseCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def state(self) -> dict[str, torch.Tensor]:
-        return _prefixed(self.k.state(self.offset), self.v.state(self.offset))
-
-    def load_state(self, state: dict[str, torch.Tensor], offset: int) -> None:
-        k_parts, v_parts = _split(state)
-        self.k.load_state(k_parts, offset)
-        self.v.load_state(v_parts, offset)
-        self.offset = offset
 
 
 class RingCache:
@@ -191,15 +181,6 @@ class RingCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.positions.numel() * 8
 
-    def state(self) -> dict[str, torch.Tensor]:
-        return _prefixed(self.k.state(self.window), self.v.state(self.window)) | {"positions": self.positions.clone()}
-
-    def load_state(self, state: dict[str, torch.Tensor], offset: int) -> None:
-        k_parts, v_parts = _split(state)
-        self.k.load_state(k_parts, self.window)
-        self.v.load_state(v_parts, self.window)
-        self.positions = state["positions"].clone()
-        self.offset = offset
 
 
 def _prefixed(k_parts: dict[str, torch.Tensor], v_parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

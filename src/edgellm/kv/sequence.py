@@ -49,7 +49,7 @@ def kv_bytes_per_token(specs: Sequence[LayerSpec], config: KVConfig) -> int:
                for s in specs if s.window is None)
 
 
-def _fixed_bytes(specs: Sequence[LayerSpec], config: KVConfig) -> int:
+def fixed_kv_bytes(specs: Sequence[LayerSpec], config: KVConfig) -> int:
     """Bytes of the ring layers, which do not grow with the sequence."""
     return sum(s.window * s.kv_heads * (bytes_per_head_token(config.k_precision, s.head_dim) +
                                         bytes_per_head_token(config.v_precision, s.head_dim))
@@ -171,7 +171,7 @@ class KVManager:
         self.bytes_per_token = kv_bytes_per_token(self.specs, config)
         block_bytes = max(1, self.bytes_per_token * config.block_size)
         self.pool = BlockPool(block_bytes, config.budget_bytes)
-        self.fixed_blocks = -(-_fixed_bytes(self.specs, config) // block_bytes)
+        self.fixed_blocks = -(-fixed_kv_bytes(self.specs, config) // block_bytes)
         self.prefix = PrefixIndex(self.pool, config.prefix_cache_bytes) if config.prefix_cache_bytes > 0 else None
 
     def admit(self, tokens: int) -> None:

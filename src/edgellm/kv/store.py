@@ -72,11 +72,3 @@ class TokenStore:
     @property
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parts.values())
-
-    def state(self, tokens: int) -> dict[str, torch.Tensor]:
-        return {name: p[:, :, :tokens].contiguous() for name, p in self.parts.items()}
-
-    def load_state(self, parts: dict[str, torch.Tensor], tokens: int) -> None:
-        self.ensure(tokens)
-        for name, value in parts.items():
-            self.parts[name][:, :, :tokens] = value

@@ -266,11 +266,7 @@ def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: 
 
 def _report(handle: Handle, done: Completion) -> dict:
     """edgellm's per-request facts, beside OpenAI's fields (clients ignore unknown ones)."""
-    t = done.timings
-    return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
-            "ttft_s": round(t.ttft_s, 4), "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 1),
-            "decode_tokens_per_s": round(t.decode_tokens_per_s, 1), "peak_rss_bytes": t.peak_rss_bytes,
-            "kv_bytes": t.kv_bytes, "prefix_hit_tokens": t.prefix_hit_tokens}
+    return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4), **done.timings.as_dict()}
 
 
 def _usage_chunk(rid: str, created: int, model_id: str, done: Completion, chat: bool, report: dict) -> str:
