@@ -14,9 +14,9 @@ from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_large_frees_to_os, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.generator import Generation
-from edgellm.kv import KVConfig, KVManager
+from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix
-from edgellm.models import build_model
+from edgellm.models import build_model, layer_specs
 from edgellm.registry import resolve
 from edgellm.threads import configure_threads
 from edgellm.tokenizer import Tokenizer
@@ -33,7 +33,7 @@ class ModelInfo:
     parameters: int
     tensor_types: dict[str, int]  # GGML type name -> tensor count
     context_length: int
-    kv_bytes_per_token: int  # fp32 K and V over all layers
+    kv_bytes_per_token: int  # fp32 K and V over the layers that grow with the context
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -42,17 +42,14 @@ class ModelInfo:
 def describe(source: GGUFFile) -> ModelInfo:
     """What `edgellm info` shows; reads metadata and tensor infos only."""
     meta, arch = source.metadata, source.metadata.get("general.architecture", "?")
-    get = lambda key, default=0: meta.get(f"{arch}.{key}", default)  # noqa: E731
-    heads = int(get("attention.head_count", 1))
-    head_dim = int(get("attention.key_length", int(get("embedding_length")) // max(heads, 1)))
-    kv_heads = int(get("attention.head_count_kv", heads))
     return ModelInfo(
         path=str(source.path), architecture=arch, name=str(meta.get("general.name", "")),
         file_bytes=source.file_size,
         parameters=sum(t.n_elements for t in source.tensors.values()),
         tensor_types=dict(Counter(t.type_name for t in source.tensors.values()).most_common()),
-        context_length=int(get("context_length")),
-        kv_bytes_per_token=2 * int(get("block_count")) * kv_heads * head_dim * 4,
+        context_length=int(meta.get(f"{arch}.context_length", 0)),
+        # the planner's formula: sliding-window layers hold a fixed ring, not a per-token cost
+        kv_bytes_per_token=kv_bytes_per_token(layer_specs(meta), KVConfig()),
     )
 
 
@@ -130,10 +127,6 @@ class Model:
         """Load a saved prefix into the prefix cache; later prompts starting with it skip its
         prefill. Returns its token count; another model's file raises KVStateMismatch."""
         return len(load_prefix(self.kv, path))
-
-    def count_tokens(self, prompt, chat: bool = False) -> int:
-        """Prompt tokens as generation would see them (chat: after the template)."""
-        return len(self.template.encode_chat(prompt) if chat else self._ids(prompt))
 
     def _ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):

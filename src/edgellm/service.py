@@ -5,7 +5,6 @@ run one at a time (latency mode), stop at their deadline with the text so far
 (finish_reason "timeout"), and free their KV the moment their caller cancels."""
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 import time
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget
-from edgellm.generate import Completion, Timings
+from edgellm.generate import Completion
 
 DONE = object()  # end of a handle's event stream
 
@@ -168,7 +167,7 @@ class Service:
                 logits = decode_step(self.model.net, [g for _, g, _ in live])
             self._pace_step(live, time.perf_counter() - step_start)
             for i, entry in enumerate(live):
-                self._deliver(entry, entry[1].accept(logits[i]))
+                self._deliver_batched(entry, entry[1].accept(logits[i]))
             self._active = [e for e in self._active if not e[1].done]
 
     def _pace_step(self, live: list, elapsed: float) -> None:
@@ -212,20 +211,24 @@ class Service:
                 continue
             entry = (handle, generation, handle.started + (request.timeout_s or self.default_timeout_s))
             self._active.append(entry)
-            self._deliver(entry, first)
+            self._deliver_batched(entry, first)
 
     def _deliver(self, entry, events: list) -> None:
+        """Pass one step's events on; end the request at its deadline or when cancelled."""
         handle, generation, deadline = entry
         for event in events:
             if isinstance(event, Completion):
                 self._finish(handle, event)
-                handle.events.put(DONE)
                 return
             handle.events.put(event)
         if handle.cancelled.is_set() or time.perf_counter() > deadline:
             reason = "cancelled" if handle.cancelled.is_set() else "timeout"
             self._finish(handle, generation.finish(reason))  # its KV goes back now
-            handle.events.put(DONE)
+
+    def _deliver_batched(self, entry, events: list) -> None:
+        self._deliver(entry, events)
+        if entry[1].done:
+            entry[0].events.put(DONE)  # latency mode's loop does this in its finally
 
     # -- fallbacks and thermal policy ------------------------------------------------------
 
@@ -262,23 +265,17 @@ class Service:
                 handle.degraded.append("thermal_throttle")
         return time.perf_counter()
 
-    @staticmethod
-    def _events(model, request: Request):
-        return model.chat(request.prompt, stream=True, **request.sampling) if request.chat \
-            else model.stream(request.prompt, **request.sampling)
-
     def _start(self, handle: Handle):
-        """Begin generation, walking the configured fallback chain when the request does not
-        fit: "shorter_context" drops the oldest chat turns on overflow, "int4_kv" retries with
-        INT4 KV when the KV budget is short, "smaller_model" hands the request to the fallback
-        model (also while the device is hot). Returns the event stream and its first event."""
+        """Create the request's Generation, walking the configured fallback chain when it
+        does not fit: "shorter_context" drops the oldest chat turns on overflow, "int4_kv"
+        retries with INT4 KV when the KV budget is short, "smaller_model" hands the request to
+        the fallback model (also while the device is hot)."""
         request, model = handle.request, self.model
         if self._hot_model_switch():
             model = self._use_smaller(handle)
         while True:
-            events = self._events(model, request)
             try:
-                return events, next(events)
+                return model.generation(request.prompt, chat=request.chat, **request.sampling)
             except OutOfMemoryBudget:
                 if "int4_kv" in self.fallbacks and model.kv.config.k_precision != "int4":
                     model.kv = self._fallback_kv(model, "int4")
@@ -304,37 +301,35 @@ class Service:
         return self.fallback_model
 
     def _run(self, handle: Handle) -> None:
-        request, model = handle.request, self.model
+        """Latency mode: one request, prefill then decode steps, until it ends or its deadline."""
+        import torch
+
+        from edgellm.generate.generator import decode_step
+
         self._thermal_policy(handle)
-        deadline = handle.started + (request.timeout_s or self.default_timeout_s)
         try:
-            events, first = self._start(handle)
+            generation = self._start(handle)
         finally:
             if self.thermal is None or not self.thermal.state().hot:
                 self.model.kv = self._cool_kv  # a fallback lasts for one request
             if self.fallback_model is not None:
                 self.fallback_model.kv = self._fallback_cool_kv
-        pieces, ids = [], []
+        entry = (handle, generation, handle.started + (handle.request.timeout_s or self.default_timeout_s))
         last = time.perf_counter()
         try:
-            for event in itertools.chain([first], events):
-                if isinstance(event, Completion):
-                    if "thermal_throttle" not in handle.degraded and event.timings.decode_tokens_per_s > 0:
-                        self._cool_rate = event.timings.decode_tokens_per_s
-                    self._finish(handle, event)
-                    return
-                pieces.append(event.text)
-                ids.append(event.token_id)
-                handle.events.put(event)
-                last = self._pace(handle, last)
-                if handle.cancelled.is_set() or time.perf_counter() > deadline:
-                    reason = "cancelled" if handle.cancelled.is_set() else "timeout"
-                    break
+            with torch.inference_mode():
+                logits = generation.prefill()
+                while True:
+                    self._deliver(entry, generation.accept(logits))
+                    if generation.done:
+                        break
+                    last = self._pace(handle, last)
+                    logits = decode_step(generation.model, [generation])[0]
         finally:
-            events.close()  # frees the sequence's KV at once
-        prompt_tokens = model.count_tokens(request.prompt, request.chat)
-        timings = _partial_timings(handle, ids, prompt_tokens)
-        self._finish(handle, Completion(reason, "".join(pieces), tuple(ids), "", timings, None))
+            generation.close()  # frees the sequence's KV at once, however the request ended
+        done = generation.completion
+        if "thermal_throttle" not in handle.degraded and done.timings.decode_tokens_per_s > 0:
+            self._cool_rate = done.timings.decode_tokens_per_s
 
     def _finish(self, handle: Handle, done: Completion) -> None:
         if handle.on_done is not None:
@@ -402,11 +397,3 @@ class Session:
             freed = prefix.drop(self._pinned) * self.service.model.kv.pool.block_bytes
         self._pinned, self.released = [], True
         return freed
-
-
-def _partial_timings(handle: Handle, ids: list[int], prompt_tokens: int) -> Timings:
-    from edgellm.memory import peak_rss_bytes
-
-    elapsed = time.perf_counter() - (handle.started or handle.submitted)
-    return Timings(prompt_tokens=prompt_tokens, completion_tokens=len(ids), ttft_s=0.0, prefill_s=0.0, decode_s=elapsed,
-                   peak_rss_bytes=peak_rss_bytes())
