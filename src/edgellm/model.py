@@ -9,7 +9,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from edgellm.chat_template import ChatTemplate
-from edgellm.formats.gguf import GGUFFile, open_gguf
+from edgellm.formats import load_tokenizer, open_model
+from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_large_frees_to_os, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
@@ -59,7 +60,7 @@ class Model:
     def __init__(self, source: GGUFFile, mode: str = "fast", context_length: int | None = None,
                  kv: KVConfig | None = None):
         self.source, self.path = source, Path(source.path)
-        self.tokenizer = Tokenizer.from_gguf_metadata(source.metadata)
+        self.tokenizer = load_tokenizer(source)
         trim()  # reading a cached tokenizer's JSON leaves ~180 MB (Gemma) of freed heap behind
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
         packed = pack_cache_for(source.path, mode)
@@ -177,7 +178,8 @@ def last_completion(events: Iterator[GenerationEvent]) -> Completion:
 def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threads: int | None = None,
          context_length: int | None = None, kv: KVConfig | None = None,
          memory_budget: int | str | None = None) -> Model:
-    """Load a registered model name or a .gguf path.
+    """Load a registered model name, a .gguf file, a Hugging Face folder or an edgellm
+    quantized file (`edgellm quantize`).
 
     mode "fast" keeps 4-bit weights packed and multiplies in bf16; "exact" dequantizes
     everything to fp32 (slow; the reference for parity checks). With memory_budget ("1.5GB"),
@@ -185,7 +187,7 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     work that would exceed it raises OutOfMemoryBudget instead of the process being killed."""
     configure_threads(threads)
     return_large_frees_to_os()
-    source = open_gguf(resolve(name_or_path))
+    source = open_model(resolve(name_or_path))
     try:
         if memory_budget is not None:
             context_length, kv = _fit_budget(source, memory_budget, context_length, kv)

@@ -45,7 +45,9 @@ def weight_bytes(source: GGUFFile) -> int:
             total += t.n_elements * 4
             continue
         n, k = t.shape[0], t.n_elements // t.shape[0]
-        if t.ggml_type in INT4_TYPES:
+        if hasattr(t, "scheme"):  # edgellm's own schemes run as stored
+            total += t.nbytes
+        elif t.ggml_type in INT4_TYPES:
             total += n * k // 2 + (k // 32) * n * 4
         elif t.ggml_type in AFFINE_BITS:
             total += n * k + (2 * k // 32) * n * 4
@@ -149,7 +151,7 @@ def _choose(result: MemoryPlan, target: int, specs) -> None:
 
 
 def plan_file(path: str | Path, budget: int | str, **kwargs) -> MemoryPlan:
-    from edgellm.formats.gguf import open_gguf
+    from edgellm.formats import open_model
 
-    with open_gguf(path) as source:
+    with open_model(path) as source:
         return plan(source, budget, **kwargs)

@@ -83,12 +83,12 @@ REGISTRY: dict[str, RegistryEntry] = {
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path:
-    """A registered short name or a path to a .gguf file -> an existing file path."""
+    """A registered short name, or a path to a model file or folder -> an existing path."""
     key = str(name_or_path)
     if key in REGISTRY:
         return REGISTRY[key].locate()
     path = Path(key).expanduser()
-    if path.is_file():
+    if path.is_file() or (path / "config.json").is_file():
         return path
     known = ", ".join(REGISTRY)
     raise ModelNotFound(f"no model named {key!r} and no such file (known names: {known})")

@@ -1,4 +1,4 @@
-"""`edgellm run | chat | info | plan | bench`. Errors become one line on stderr and a
+"""`edgellm run | chat | info | plan | bench | serve | convert | quantize | eval`. Errors become one line on stderr and a
 non-zero exit code; the table below is the one place that maps them."""
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from edgellm.cli import quant
 from edgellm.cli.generate import cmd_chat, cmd_run
 from edgellm.cli.tools import cmd_bench, cmd_info, cmd_plan, cmd_serve, int_list
 from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
@@ -21,7 +22,7 @@ EXIT_CODES: list[tuple[type[Exception], int]] = [
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     names = ", ".join(REGISTRY)
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"registered name ({names}) or a .gguf path")
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"registered name ({names}), a .gguf, an HF folder or a quantized file")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("--mode", choices=("fast", "exact"), default="fast",
                    help="fast: packed 4-bit weights, bf16 matmuls; exact: fp32 reference")
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)
+    quant.add_parsers(sub)
     return parser
 
 

@@ -10,11 +10,11 @@ from edgellm.registry import REGISTRY
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from edgellm.formats.gguf import open_gguf
+    from edgellm.formats import open_model
     from edgellm.model import describe
     from edgellm.registry import resolve
 
-    with open_gguf(resolve(args.model)) as source:
+    with open_model(resolve(args.model)) as source:
         info = describe(source)
     if args.json:
         print(json.dumps(info.as_dict(), indent=2))

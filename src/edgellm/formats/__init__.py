@@ -1,0 +1,33 @@
+"""Model files -> (metadata, named tensors), memory-mapped: GGUF, Hugging Face folders, and
+edgellm's own quantized files. `open_model` picks the reader from what is on disk."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def open_model(path: str | Path):
+    """A GGUFFile, HFFolder or QuantizedFile for `path` (all offer the same reading interface)."""
+    from edgellm.formats.gguf import MAGIC, open_gguf
+    from edgellm.formats.hf import HFFolder, is_hf_folder
+    from edgellm.formats.quantized import QuantizedFile, is_quantized_file
+
+    path = Path(path)
+    if is_hf_folder(path):
+        return HFFolder(path)
+    if is_quantized_file(path):
+        return QuantizedFile(path)
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(4) != MAGIC and path.suffix in (".safetensors", ".edgellm"):
+                from edgellm.errors import ModelFormatError
+
+                raise ModelFormatError(path, "not an edgellm quantized file (no edgellm format metadata)")
+    return open_gguf(path)
+
+
+def load_tokenizer(source):
+    """The tokenizer a source carries: its own files, or rebuilt from GGUF metadata."""
+    from edgellm.tokenizer import Tokenizer
+
+    own = getattr(source, "load_tokenizer", None)
+    return own() if own is not None else Tokenizer.from_gguf_metadata(source.metadata)

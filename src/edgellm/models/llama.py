@@ -31,6 +31,7 @@ class LlamaConfig:
     context_length: int
     rms_eps: float
     rope_base: float
+    hf_qk_layout: bool = False  # q/k rows already in rotate-half order (HF checkpoints)
 
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> LlamaConfig:
@@ -49,6 +50,7 @@ class LlamaConfig:
             context_length=int(get("context_length", 4096)),
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(get("rope.freq_base", 10000.0)),
+            hf_qk_layout=bool(meta.get("edgellm.hf_qk_layout", False)),
         )
 
 
@@ -106,7 +108,8 @@ class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, w: Weights):
         super().__init__()
         self.config = cfg
-        permuted = cfg.architecture == "llama"  # Qwen2 files keep the HF layout
+        # llama.cpp interleaves Llama q/k rows; Qwen2 GGUFs and HF checkpoints keep HF's order
+        permuted = cfg.architecture == "llama" and not cfg.hf_qk_layout
         self.embed = w.embedding("token_embd.weight")
         self.blocks = nn.ModuleList(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)

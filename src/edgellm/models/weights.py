@@ -11,6 +11,8 @@ from edgellm.errors import ModelFormatError
 from edgellm.quant.embedding import QuantEmbedding
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.linear import make_fused_linear
+from edgellm.quant.packed import QuantizedEmbedding, concat_linears, make_quantized_linear
+from edgellm.quant.schemes import QuantizedWeight
 
 
 class TensorSource(Protocol):
@@ -21,6 +23,9 @@ class TensorSource(Protocol):
     tensors: Mapping[str, Any]
 
     def raw(self, name: str) -> torch.Tensor: ...
+
+    # Optional (edgellm's quantized files): a weight in one of our own schemes, else None.
+    # def quantized(self, name: str) -> QuantizedWeight | None: ...
 
 
 class Weights:
@@ -61,15 +66,30 @@ class Weights:
         if cached is not None:
             return cached
         rows = rows or {}
+        quantized = [self._quantized(n, rows.get(n)) for n in names]
+        if all(q is not None for q in quantized):
+            return self._keep(key, names, make_quantized_linear(quantized, self.mode))
+        if any(q is not None for q in quantized):  # a recipe kept some parts float: one matmul each
+            linears = [make_quantized_linear([q], self.mode) if q is not None
+                       else make_fused_linear([self._part(n, rows.get(n))], mode=self.mode)
+                       for n, q in zip(names, quantized)]
+            return self._keep(key, names, concat_linears(linears))
         parts = [self._part(n, rows.get(n)) for n in names]
         for n, (_, _, shape) in zip(names, parts):
             if len(shape) != 2:
                 raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
-        linear = make_fused_linear(parts, mode=self.mode)
+        return self._keep(key, names, make_fused_linear(parts, mode=self.mode))
+
+    def _keep(self, key: str, names, linear: torch.nn.Module) -> torch.nn.Module:
         self._release(names)
         if self.cache is not None:
             self.cache.put(key, linear)
         return linear
+
+    def _quantized(self, name: str, rows: torch.Tensor | None) -> QuantizedWeight | None:
+        find = getattr(self.source, "quantized", None)
+        weight = find(name) if find is not None else None
+        return weight.take_rows(rows) if weight is not None and rows is not None else weight
 
     def _release(self, names) -> None:
         # The linear holds its own converted copy: the file pages need not stay resident.
@@ -82,6 +102,9 @@ class Weights:
             return None
         return torch.cat([self.vector(n) for n in names])
 
-    def embedding(self, name: str) -> QuantEmbedding:
+    def embedding(self, name: str) -> QuantEmbedding | QuantizedEmbedding:
+        weight = self._quantized(name, None)
+        if weight is not None:
+            return QuantizedEmbedding(weight)
         raw, ggml_type, shape = self._part(name)
         return QuantEmbedding(raw, ggml_type, shape)

@@ -70,7 +70,8 @@ class DenseLinear(nn.Module):
 class Int4Linear(nn.Module):
     """4-bit weight linear on torch's CPU int4 kernel (bf16 activations).
 
-    Weight w[n, k] = (q[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32];
+    Weight w[n, k] = (q[n, k] - 8) * scale[n, k // group] + zero[n, k // group] (group 32 for
+    GGUF blocks; 64 or 128 for edgellm's own INT4 schemes);
     scale and zero are held in bfloat16, as the kernel requires for bf16 input.
 
     With planes=2, q/scale/zero hold two 4-bit planes side by side along K (see
@@ -78,18 +79,19 @@ class Int4Linear(nn.Module):
     so one kernel call multiplies by an up-to-8-bit weight.
     """
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int = 1):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int = 1,
+                 group: int = INT4_GROUP):
         super().__init__()
-        n, k = _check_int4_parts(q, scale, zero)
+        n, k = _check_int4_parts(q, scale, zero, group)
         if k % planes:
             raise ValueError(f"K = {k} does not split into {planes} planes")
-        self.planes = planes
+        self.planes, self.group = planes, group
         self.in_features, self.out_features = k // planes, n
         self.register_buffer("packed", _pack_int4(q))  # (N, K // 2) uint8
-        scale_zero = torch.stack([scale, zero], dim=-1)  # (N, K // 32, 2)
+        scale_zero = torch.stack([scale, zero], dim=-1)  # (N, K // group, 2)
         self.register_buffer(
             "scale_zero", scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16)
-        )  # (K // 32, N, 2)
+        )  # (K // group, N, 2)
 
     @classmethod
     def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> Int4Linear:
@@ -107,13 +109,13 @@ class Int4Linear(nn.Module):
         return cls(planes_q, planes_scale, planes_zero, planes=2)
 
     @classmethod
-    def empty(cls, n: int, k: int, planes: int) -> Int4Linear:
+    def empty(cls, n: int, k: int, planes: int, group: int = INT4_GROUP) -> Int4Linear:
         """An (n, k) layer with uninitialized weights, to be filled row block by row block."""
         out = cls.__new__(cls)
         nn.Module.__init__(out)
-        out.planes, out.in_features, out.out_features = planes, k, n
+        out.planes, out.group, out.in_features, out.out_features = planes, group, k, n
         out.register_buffer("packed", torch.empty(n, planes * k // 2, dtype=torch.uint8))
-        out.register_buffer("scale_zero", torch.empty(planes * k // INT4_GROUP, n, 2, dtype=torch.bfloat16))
+        out.register_buffer("scale_zero", torch.empty(planes * k // group, n, 2, dtype=torch.bfloat16))
         return out
 
     def fill_rows(self, row: int, piece: Int4Linear) -> int:
@@ -124,9 +126,9 @@ class Int4Linear(nn.Module):
         return row + n
 
     @staticmethod
-    def supports(n: int, k: int) -> bool:
+    def supports(n: int, k: int, group: int = INT4_GROUP) -> bool:
         """Whether the CPU int4 kernel accepts an (n, k) weight."""
-        return n > 0 and k > 0 and n % _INT4_N_MULTIPLE == 0 and k % INT4_GROUP == 0
+        return n > 0 and k > 0 and n % _INT4_N_MULTIPLE == 0 and k % group == 0
 
     @property
     def nbytes(self) -> int:
@@ -137,24 +139,24 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
         x2 = x2.repeat(1, self.planes) if self.planes > 1 else x2.contiguous()  # (M, planes·K)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x2, self.packed, INT4_GROUP, self.scale_zero
+            x2, self.packed, self.group, self.scale_zero
         )  # (M, N) bf16
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={INT4_GROUP}, planes={self.planes}"
+        return f"in={self.in_features}, out={self.out_features}, group={self.group}, planes={self.planes}"
 
 
-def _check_int4_parts(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[int, int]:
+def _check_int4_parts(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> tuple[int, int]:
     if q.dtype != torch.uint8 or q.dim() != 2:
         raise ValueError("q must be a 2-D uint8 tensor (N, K)")
     n, k = q.shape
-    if not Int4Linear.supports(n, k):
+    if not Int4Linear.supports(n, k, group):
         raise ValueError(
-            f"int4 kernel needs N % {_INT4_N_MULTIPLE} == 0 and K % {INT4_GROUP} == 0, "
+            f"int4 kernel needs N % {_INT4_N_MULTIPLE} == 0 and K % {group} == 0, "
             f"got (N, K) = ({n}, {k})"
         )
-    groups = (n, k // INT4_GROUP)
+    groups = (n, k // group)
     if tuple(scale.shape) != groups or tuple(zero.shape) != groups:
         raise ValueError(f"scale and zero must have shape {groups}")
     return n, k

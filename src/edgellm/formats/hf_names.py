@@ -1,0 +1,184 @@
+"""How Hugging Face checkpoints name things, next to how GGUF (and so edgellm) names them.
+
+Two tables, both directions: tensor names (`model.layers.3.self_attn.q_proj.weight` <->
+`blk.3.attn_q.weight`) and config.json fields (`hidden_size` <-> `llama.embedding_length`).
+Models only ever see GGUF names; readers and writers translate at the file's edge."""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from edgellm.errors import UnsupportedModel
+
+# model_type in config.json -> (GGUF architecture, HF class for `architectures`)
+MODEL_TYPES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
+}
+GGUF_TO_MODEL_TYPE = {arch: model_type for model_type, (arch, _) in MODEL_TYPES.items()}
+
+_GLOBAL = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_COMMON = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+}
+_LAYER = {
+    "llama": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm"},
+    "qwen2": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm"},
+    "gemma3": _LAYER_COMMON | {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+    },
+}
+
+_GGUF_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)$")
+_HF_NAME = re.compile(r"^(?:model\.layers\.(\d+)\.)?(.+)\.(weight|bias)$")
+
+
+def hf_name(arch: str, gguf_name: str) -> str | None:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None if unknown."""
+    m = _GGUF_NAME.match(gguf_name)
+    if m is None:
+        return None
+    layer, part, kind = m.groups()
+    if layer is None:
+        base = _GLOBAL.get(part)
+        return None if base is None else f"{base}.{kind}"
+    base = _LAYER[arch].get(part)
+    return None if base is None else f"model.layers.{layer}.{base}.{kind}"
+
+
+def gguf_name(arch: str, hf: str) -> str | None:
+    """The inverse of hf_name; None for tensors edgellm does not use (e.g. rotary caches)."""
+    m = _HF_NAME.match(hf)
+    if m is None:
+        return None
+    layer, base, kind = m.groups()
+    table = _GLOBAL if layer is None else _LAYER[arch]
+    for part, hf_base in table.items():
+        if hf_base == base:
+            return f"{part}.{kind}" if layer is None else f"blk.{layer}.{part}.{kind}"
+    return None
+
+
+# -- config.json <-> GGUF metadata ------------------------------------------------------------
+
+# GGUF key suffix (after "<arch>.") <- config.json field
+_CONFIG_KEYS = {
+    "embedding_length": "hidden_size",
+    "block_count": "num_hidden_layers",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "feed_forward_length": "intermediate_size",
+    "context_length": "max_position_embeddings",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+}
+_GEMMA3_KEYS = {
+    "attention.sliding_window": "sliding_window",
+    "attention.query_pre_attn_scalar": "query_pre_attn_scalar",
+}
+
+
+def metadata_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """GGUF-style metadata (what the models read) from an HF config.json."""
+    model_type = config.get("model_type")
+    if model_type == "gemma3" and "text_config" in config:
+        raise UnsupportedModel("multimodal Gemma 3 checkpoints are not supported; use the text-only model")
+    if model_type not in MODEL_TYPES:
+        raise UnsupportedModel(f"model_type {model_type!r} is not supported ({', '.join(MODEL_TYPES)})")
+    arch = MODEL_TYPES[model_type][0]
+    keys = _CONFIG_KEYS | (_GEMMA3_KEYS if arch == "gemma3" else {})
+    meta: dict[str, Any] = {"general.architecture": arch}
+    if config.get("_name_or_path"):
+        meta["general.name"] = config["_name_or_path"]
+    for suffix, field in keys.items():
+        if config.get(field) is not None:
+            meta[f"{arch}.{suffix}"] = config[field]
+    global_base, local_base = _rope_bases(config)
+    meta[f"{arch}.rope.freq_base"] = global_base
+    if local_base is not None:
+        meta[f"{arch}.rope.local.freq_base"] = local_base
+    if arch == "gemma3":
+        _check_gemma3_layout(config)
+    return meta
+
+
+def _rope_bases(config: Mapping[str, Any]) -> tuple[float, float | None]:
+    """(global, local) RoPE bases from either config style: rope_theta (+ rope_local_base_freq),
+    or transformers 5's rope_parameters (flat, or keyed by layer type)."""
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling")
+    if "full_attention" in params:
+        full, sliding = params["full_attention"], params.get("sliding_attention", {})
+        _check_default_rope(full, sliding)
+        return float(full["rope_theta"]), float(sliding.get("rope_theta", 10_000.0))
+    _check_default_rope(params, scaling or {})
+    base = params.get("rope_theta", config.get("rope_theta", 10_000.0))
+    return float(base), config.get("rope_local_base_freq")
+
+
+def _check_default_rope(*specs: Mapping[str, Any]) -> None:
+    for spec in specs:
+        kind = spec.get("rope_type", spec.get("type", "default"))
+        if kind != "default":
+            raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported yet")
+
+
+def _check_gemma3_layout(config: Mapping[str, Any]) -> None:
+    # edgellm's Gemma 3 runs five sliding layers then one global; other layouts would be misread.
+    types = config.get("layer_types")
+    if types is not None:
+        expected = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(len(types))]
+        if list(types) != expected:
+            raise UnsupportedModel("Gemma 3 layer_types other than 5 sliding : 1 global are not supported")
+    for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if config.get(cap):
+            raise UnsupportedModel(f"Gemma 3 with {cap} is not supported")
+
+
+def config_from_metadata(meta: Mapping[str, Any], vocab_size: int, tied: bool, dtype: str,
+                         bos_id: int | None, eos_id: int | None) -> dict[str, Any]:
+    """An HF config.json for a model described by GGUF-style metadata."""
+    arch = meta["general.architecture"]
+    if arch not in GGUF_TO_MODEL_TYPE:
+        raise UnsupportedModel(f"cannot write architecture {arch!r} as a Hugging Face model")
+    model_type = GGUF_TO_MODEL_TYPE[arch]
+    keys = _CONFIG_KEYS | (_GEMMA3_KEYS if arch == "gemma3" else {})
+    config: dict[str, Any] = {"architectures": [MODEL_TYPES[model_type][1]], "model_type": model_type}
+    for suffix, field in keys.items():
+        if f"{arch}.{suffix}" in meta:
+            config[field] = meta[f"{arch}.{suffix}"]
+    heads = config["num_attention_heads"]
+    config.setdefault("num_key_value_heads", heads)
+    config.setdefault("head_dim", config["hidden_size"] // heads)
+    base = float(meta.get(f"{arch}.rope.freq_base", 10_000.0))
+    config |= {"vocab_size": vocab_size, "tie_word_embeddings": tied, "dtype": dtype,
+               "bos_token_id": bos_id, "eos_token_id": eos_id}
+    if arch == "gemma3":
+        local = float(meta.get(f"{arch}.rope.local.freq_base", 10_000.0))
+        n = config["num_hidden_layers"]
+        config |= {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)],
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": base},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": local}},
+        }
+    else:
+        config |= {"hidden_act": "silu", "rope_parameters": {"rope_type": "default", "rope_theta": base},
+                   "rope_theta": base, "attention_bias": arch == "qwen2"}
+    return config
