@@ -49,12 +49,12 @@ def quality(smol_hf, reference, tmp_path_factory):
     return run
 
 
-def test_transformers_loads_the_converted_folder_and_agrees(smol_hf, smollm2_path):
+def _transformers_agrees(folder) -> None:
     import transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(smol_hf)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(smol_hf, dtype=torch.float32).eval()
-    with edgellm.load(smol_hf, mode="exact") as ours:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with edgellm.load(folder, mode="exact") as ours:
         for text in ("The capital of France is", "def fibonacci(n):\n"):
             ids = tokenizer(text).input_ids
             assert ids == ours.tokenizer.encode(text)
@@ -62,6 +62,38 @@ def test_transformers_loads_the_converted_folder_and_agrees(smol_hf, smollm2_pat
                 theirs = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
             assert list(ours.generate(ids, max_tokens=24).token_ids) == theirs
+
+
+def test_transformers_loads_the_converted_folder_and_agrees(smol_hf):
+    _transformers_agrees(smol_hf)
+
+
+def test_transformers_agrees_on_converted_gemma3(gemma3_path, tmp_path):
+    folder = convert_to_hf(gemma3_path, tmp_path / "gemma3", "bf16")
+    _transformers_agrees(folder)
+
+
+def test_sharded_folders_load_like_one_file(smol_hf, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (sharded / name).write_bytes((smol_hf / name).read_bytes())
+    tensors = load_file(str(smol_hf / "model.safetensors"))
+    names = sorted(tensors)
+    save_file({n: tensors[n] for n in names[::2]}, str(sharded / "model-00001-of-00002.safetensors"))
+    save_file({n: tensors[n] for n in names[1::2]}, str(sharded / "model-00002-of-00002.safetensors"))
+    ids = list(range(100, 140))
+    with edgellm.load(smol_hf, mode="exact") as one, edgellm.load(sharded, mode="exact") as two:
+        assert torch.equal(one.logits(ids), two.logits(ids))
+
+
+def test_quantize_from_a_gguf(smollm2_path, tmp_path):
+    result = quantize_model(smollm2_path, tmp_path / "from-gguf.edgellm", "int8")
+    with edgellm.load(result.path, mode="exact") as model, edgellm.load(smollm2_path, mode="exact") as ref:
+        q = evaluate(model, ref)
+    assert q.kl_mean <= 0.01 and q.top1_agreement >= 0.95
 
 
 def test_hf_folder_runs_exactly_like_its_gguf(smollm2_path, tmp_path):
@@ -181,5 +213,8 @@ def test_cli_quantize_and_eval_json(smol_hf, tmp_path, capsys):
     assert main(["eval", str(out), "--json"]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert alone["reference"] is None and alone["perplexity"] > 1
+    assert main(["plan", "--memory", "600MB", "-m", str(out), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] and plan["context_length"] > 0
     assert main(["quantize", str(smol_hf), str(tmp_path / "x"), "--recipe", "nope: int4"]) == 2
     assert main(["convert", str(out), str(smol_hf)]) == 2  # not an empty folder

@@ -59,9 +59,18 @@ def weight_bytes(source: GGUFFile) -> int:
 def tokenizer_bytes(source: GGUFFile) -> int:
     # Measured: SmolLM2's byte-level BPE (49k tokens) ~30 MB, Gemma's SentencePiece BPE
     # (262k tokens, 515k derived merges) ~290 MB inside the tokenizers library.
-    tokens = len(source.metadata.get("tokenizer.ggml.tokens", ()))
-    per_token = 1100 if source.metadata.get("tokenizer.ggml.model") == "llama" else 620
-    return tokens * per_token
+    meta = source.metadata
+    sentencepiece = meta.get("tokenizer.ggml.model") == "llama" or meta.get("general.architecture") == "gemma3"
+    return vocab_size(source) * (1100 if sentencepiece else 620)
+
+
+def vocab_size(source) -> int:
+    """From the GGUF's token list, else (HF folders, quantized files) the embedding's rows."""
+    tokens = source.metadata.get("tokenizer.ggml.tokens")
+    if tokens:
+        return len(tokens)
+    embedding = source.tensors.get("token_embd.weight")
+    return embedding.shape[0] if embedding is not None else 0
 
 
 def scratch_bytes(source: GGUFFile) -> int:
@@ -69,7 +78,7 @@ def scratch_bytes(source: GGUFFile) -> int:
     meta, arch = source.metadata, source.metadata.get("general.architecture")
     hidden = int(meta.get(f"{arch}.embedding_length", 0))
     ffn = int(meta.get(f"{arch}.feed_forward_length", 0))
-    vocab = len(meta.get("tokenizer.ggml.tokens", ()))
+    vocab = vocab_size(source)
     return PREFILL_CHUNK * (hidden * 4 + ffn * 3) * 4 * 2 + vocab * 4 * 2
 
 

@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--serving", action="store_true",
                        help="aggregate tok/s with 1, 2, 4 concurrent streams: throughput vs latency mode")
     bench.add_argument("--kv-window", type=int, default=None, help="window for --soak (default 512)")
+    bench.add_argument("--quant", default=None, metavar="SRC[,SRC]",
+                       help="float model(s) (HF folder or GGUF): size / quality / decode speed of each --recipes")
+    bench.add_argument("--recipes", default="int8,int4-g32,int4-g32+awq,int4-g32-asym,int4-g128,mixed,mixed-small",
+                       help="comma-separated recipes for --quant; '+awq' calibrates")
+    bench.add_argument("--keep", default=None, metavar="DIR", help="keep --quant's quantized files here")
     bench.set_defaults(func=cmd_bench)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat/completions, SSE, /metrics)")

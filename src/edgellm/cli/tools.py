@@ -43,6 +43,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from edgellm.bench.runner import BenchConfig, format_table, llama_cpp_available, run_bench
     from edgellm.threads import default_threads
 
+    if args.quant:
+        return _bench_quant(args)
     models = [m for m in args.model.split(",") if m]
     for model in models:
         resolve_model(model)
@@ -61,6 +63,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         print(f"plot written to {plot_report(report, args.plot)}", file=sys.stderr)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+def _bench_quant(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from edgellm.bench.quant import format_quant_table, plot_quant, quant_sweep
+
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    reports = []
+    for source in args.quant.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            reports.append(quant_sweep(source, recipes, args.keep or tmp,
+                                       progress=lambda line: print(line, file=sys.stderr, flush=True)))
+    if args.plot:
+        print(f"plot written to {plot_quant(reports, args.plot)}", file=sys.stderr)
+    print(json.dumps(reports, indent=2) if args.json else "\n\n".join(format_quant_table(r) for r in reports))
     return 0
 
 

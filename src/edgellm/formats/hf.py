@@ -93,10 +93,11 @@ class HFFolder:
         return from_hf(path.read_text(encoding="utf-8"), _tokenizer_config(self.path), self.arch)
 
     def drop_pages(self, names: list[str] | None = None) -> None:
-        for f in self._files:
-            if names is None:
+        if names is None:
+            for f in self._files:
                 f.drop_pages()
-        for name in names or ():
+            return
+        for name in names:
             f, hf = self._where[name]
             f.drop_pages([hf])
 

@@ -32,7 +32,8 @@ class Weights:
     """Hands out a model's weights in the representation `mode` asks for.
 
     mode "exact": fp32 everything (reference grade); "fast": 4-bit formats stay packed
-    INT4, others become bf16, and matmul inputs are bf16."""
+    INT4, others become bf16, and matmul inputs are bf16. Weights in edgellm's own schemes
+    (quantized files) run on the kernel their scheme names (quant/packed.py)."""
 
     def __init__(self, source: TensorSource, mode: str, cache=None):
         if mode not in ("exact", "fast"):

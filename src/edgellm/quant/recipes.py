@@ -30,6 +30,8 @@ BUILTIN = {
     # sensitive weight), asymmetric 4-bit elsewhere. See docs/quantization.md.
     "mixed": "embed: int8; *: int4-g32-asym",
     "mixed-small": "embed: int8; *: int4-g64-asym",
+    # also v/down at 8 bits (as llama.cpp's Q4_K_M keeps them wider): for sensitive models (Gemma 3)
+    "mixed-quality": "embed: int8; v_proj,down_proj: int8; *: int4-g32-asym",
 }
 
 

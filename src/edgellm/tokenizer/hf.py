@@ -6,11 +6,10 @@ saved as tokenizer.json, with a post-processor that adds BOS where the model wan
 transformers encodes exactly as edgellm does."""
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 from tokenizers import Tokenizer as Backend
-from tokenizers import processors
+from tokenizers import decoders, processors
 
 from edgellm.errors import TokenizerError
 from edgellm.tokenizer import Tokenizer
@@ -22,15 +21,14 @@ def from_hf(tokenizer_json: str, config: Mapping[str, Any], architecture: str = 
     """A Tokenizer from tokenizer.json text and tokenizer_config.json's fields."""
     try:
         backend = Backend.from_str(tokenizer_json)
-        spec = json.loads(tokenizer_json)
     except Exception as e:  # tokenizers raises its own exception type
         raise TokenizerError(f"tokenizer.json cannot be read ({e})") from None
-    byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
+    byte_level = isinstance(backend.decoder, decoders.ByteLevel)
     vocab = backend.get_vocab(with_added_tokens=True)
     tokens = [""] * (max(vocab.values()) + 1)
     for text, i in vocab.items():
         tokens[i] = text
-    added = {t["content"]: bool(t.get("special")) for t in spec.get("added_tokens", [])}
+    added = {t.content: bool(t.special) for t in backend.get_added_tokens_decoder().values()}
     types = [_kind(t, added, byte_level) for t in tokens]
     bos, eos = _token_id(config, "bos_token", vocab), _token_id(config, "eos_token", vocab)
     probe = backend.encode("a", add_special_tokens=True).ids
