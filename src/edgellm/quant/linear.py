@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm import kernels
+
 from .ggml import AFFINE_BITS, INT4_GROUP, dequantize, integer_affine, type_name
 
 __all__ = [
@@ -134,8 +136,22 @@ class Int4Linear(nn.Module):
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zero))
 
+    @property
+    def native(self) -> bool:
+        """Whether decode-sized inputs go to edgellm's own kernel (kernels/int4_gemv.c)."""
+        ok = self.__dict__.get("_native")
+        if ok is None:
+            ok = self.__dict__["_native"] = kernels.available() and kernels.supports(
+                self.out_features, self.planes * self.in_features, self.group)
+        return ok
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
+        if self.native and x.numel() <= kernels.MAX_ROWS * self.in_features:
+            # decode: our VNNI kernel on the same packed bytes, int16 activations, fp32 out
+            y = kernels.int4_gemv(x.reshape(-1, self.in_features), self.packed, self.scale_zero, self.group,
+                                  self.planes)
+            return y.reshape(*lead, self.out_features)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
         x2 = x2.repeat(1, self.planes) if self.planes > 1 else x2.contiguous()  # (M, planes·K)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(

@@ -1,0 +1,96 @@
+"""Native kernels where PyTorch has none fast enough: compiled from C at first use.
+
+`int4_gemv` multiplies a few activation rows by a weight in torch's packed INT4 layout
+(the same bytes `_weight_int4pack_mm_for_cpu` reads, so no second copy of the weights) with
+AVX-512 VNNI integer dot products. The C source is built with the system compiler
+(`cc -O3 -march=native`, about a second) into edgellm's cache directory, keyed by the source
+and the CPU; machines without a compiler, AVX-512 VNNI or torch's AVX-512 packing simply
+keep torch's kernel. EDGELLM_KERNELS=0 turns the native path off."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
+_SOURCE = "int4_gemv.c"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _build(source: bytes, target: Path) -> None:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src = Path(tmp) / _SOURCE
+        src.write_bytes(source)
+        out = Path(tmp) / target.name
+        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(out)],
+                       check=True, capture_output=True, timeout=120)
+        os.replace(out, target)  # atomic: a concurrent process sees the whole library or none
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("EDGELLM_KERNELS", "1") == "0":
+        return None
+    if not {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags():
+        return None
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return None  # torch packs INT4 differently for AVX2: the layout below would be wrong
+    from edgellm.registry import cache_dir
+
+    source = resources.files("edgellm.kernels").joinpath(_SOURCE).read_bytes()
+    key = hashlib.sha256(source + open("/proc/cpuinfo", "rb").read().split(b"\n\n")[0]).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"edgellm_int4_{key}.so"
+    try:
+        if not target.is_file():
+            _build(source, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lib.edgellm_int4_gemv.restype = None
+    lib.edgellm_int4_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_int]
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def supports(n: int, k: int, group: int) -> bool:
+    """Shapes the kernel takes: whole 64-row blocks, even groups that tile K."""
+    return n % 64 == 0 and group % 2 == 0 and k % group == 0
+
+
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int) -> torch.Tensor:
+    """y (M, N) fp32 = x (M, K) @ W^T for W (N, planes * K) in torch's packed INT4 layout."""
+    lib = _library()
+    m, ka = x.shape
+    n, kw = packed.shape[0], packed.shape[1] * 2
+    x = x.float().contiguous()
+    y = torch.empty(m, n, dtype=torch.float32)
+    work = torch.empty(m * (ka // 2) + 2 * m * (ka // group), dtype=torch.int32)
+    lib.edgellm_int4_gemv(x.data_ptr(), m, ka, packed.data_ptr(), scale_zero.data_ptr(), n, kw, group,
+                          y.data_ptr(), work.data_ptr(), torch.get_num_threads())
+    return y
