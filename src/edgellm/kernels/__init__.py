@@ -1,11 +1,12 @@
 """Native kernels where PyTorch has none fast enough: compiled from C at first use.
 
-`int4_gemv` multiplies a few activation rows by a weight in torch's packed INT4 layout
+`int4_gemv` (int4_gemv.c) multiplies a few activation rows by a weight in torch's packed INT4 layout
 (the same bytes `_weight_int4pack_mm_for_cpu` reads, so no second copy of the weights) with
 AVX-512 VNNI integer dot products. The C source is built with the system compiler
 (`cc -O3 -march=native`, about a second) into edgellm's cache directory, keyed by the source
 and the CPU; machines without a compiler, AVX-512 VNNI or torch's AVX-512 packing simply
-keep torch's kernel. EDGELLM_KERNELS=0 turns the native path off."""
+keep torch's kernel. EDGELLM_KERNELS=0 turns the native path off. llama_layer.c runs a
+whole Llama decoder layer for one token on the same kernel (see decode.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
-_SOURCE = "int4_gemv.c"
+_SOURCES = ("int4_gemv.c", "llama_layer.c")
 
 
 def _cpu_flags() -> set[str]:
@@ -34,17 +35,19 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _build(source: bytes, target: Path) -> None:
+def _build(sources: dict[str, bytes], target: Path) -> None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / _SOURCE
-        src.write_bytes(source)
+        paths = []
+        for name, text in sources.items():
+            paths.append(Path(tmp) / name)
+            paths[-1].write_bytes(text)
         out = Path(tmp) / target.name
-        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(out)],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, paths),
+                        "-o", str(out), "-lm"], check=True, capture_output=True, timeout=120)
         os.replace(out, target)  # atomic: a concurrent process sees the whole library or none
 
 
@@ -58,12 +61,13 @@ def _library() -> ctypes.CDLL | None:
         return None  # torch packs INT4 differently for AVX2: the layout below would be wrong
     from edgellm.registry import cache_dir
 
-    source = resources.files("edgellm.kernels").joinpath(_SOURCE).read_bytes()
-    key = hashlib.sha256(source + open("/proc/cpuinfo", "rb").read().split(b"\n\n")[0]).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"edgellm_int4_{key}.so"
+    sources = {name: resources.files("edgellm.kernels").joinpath(name).read_bytes() for name in _SOURCES}
+    cpu = open("/proc/cpuinfo", "rb").read().split(b"\n\n")[0]
+    key = hashlib.sha256(b"".join(sources.values()) + cpu).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"edgellm_{key}.so"
     try:
         if not target.is_file():
-            _build(source, target)
+            _build(sources, target)
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError):
         return None
@@ -72,6 +76,10 @@ def _library() -> ctypes.CDLL | None:
                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                       ctypes.c_int]
     return lib
+
+
+def library() -> ctypes.CDLL | None:
+    return _library()
 
 
 def available() -> bool:
