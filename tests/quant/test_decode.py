@@ -7,6 +7,7 @@ import torch
 
 import edgellm
 from edgellm import kernels
+from edgellm.kernels.decode import fused_step
 from edgellm.kv import KVConfig
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs AVX-512 VNNI and a C compiler")
@@ -25,7 +26,7 @@ def _decode_logits(model, ids: list[int], steps: int, fused: bool) -> list[torch
             token = int(logits[0, -1].argmax())
             seq.prepare(1)
             if fused:  # straight to the native step, which must take this case
-                logits = net._fused_decoder().step(torch.tensor([[token]]), seq)
+                logits = fused_step(net, torch.tensor([[token]]), seq)
                 assert logits is not None
             else:
                 logits = net(torch.tensor([[token]]), seq, last_only=True)
@@ -35,21 +36,24 @@ def _decode_logits(model, ids: list[int], steps: int, fused: bool) -> list[torch
     return out
 
 
-def test_fused_decode_matches_pytorch_layers(smollm2_path):
-    with edgellm.load(smollm2_path) as model:
-        assert model.net._fused_decoder() is not None
-        ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
-        fused = _decode_logits(model, ids, 24, fused=True)
-        plain = _decode_logits(model, ids, 24, fused=False)
+# Gemma's Q6_K projections are dense bf16: PyTorch rounds their inputs to bf16, the C layer
+# keeps fp32, hence its looser bound (measured 0.1-0.7 % of the largest logit). 600 tokens: Gemma's 512-slot sliding rings wrap around.
+@pytest.mark.parametrize("name, repeats, tolerance", [("smollm2_path", 6, 1e-3), ("gemma3_path", 6, 1e-2),
+                                                      ("gemma3_path", 60, 1e-2)])
+def test_fused_decode_matches_pytorch_layers(name, repeats, tolerance, request):
+    with edgellm.load(request.getfixturevalue(name)) as model:
+        ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * repeats)
+        fused = _decode_logits(model, ids, 16, fused=True)
+        plain = _decode_logits(model, ids, 16, fused=False)
     for a, b in zip(fused, plain):
-        assert (a - b).abs().max() < 1e-3 * b.abs().max()
+        assert (a - b).abs().max() < tolerance * b.abs().max()
         assert int(a.argmax()) == int(b.argmax())
 
 
 def test_other_kv_layouts_keep_the_pytorch_path(smollm2_path):
     with edgellm.load(smollm2_path, kv=KVConfig(k_precision="int8", v_precision="int8")) as model:
         seq, _ = model.kv.new_sequence()
-        assert model.net._fused_decoder().step(torch.tensor([[1]]), seq) is None  # int8 KV: not ours
+        assert fused_step(model.net, torch.tensor([[1]]), seq) is None  # int8 KV: not ours
         seq.release()
         done = model.generate("Hello", max_tokens=4, ignore_eos=True)
         assert len(done.token_ids) == 4

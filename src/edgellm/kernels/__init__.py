@@ -6,7 +6,8 @@ AVX-512 VNNI integer dot products. The C source is built with the system compile
 (`cc -O3 -march=native`, about a second) into edgellm's cache directory, keyed by the source
 and the CPU; machines without a compiler, AVX-512 VNNI or torch's AVX-512 packing simply
 keep torch's kernel. EDGELLM_KERNELS=0 turns the native path off. llama_layer.c runs a
-whole Llama decoder layer for one token on the same kernel (see decode.py)."""
+whole Llama decoder layer for one token on the same kernel, gemma3_layer.c a Gemma 3 one
+(see decode.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -22,7 +23,7 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
-_SOURCES = ("int4_gemv.c", "llama_layer.c")
+_SOURCES = ("int4_gemv.c", "layer_ops.h", "llama_layer.c", "gemma3_layer.c")
 
 
 def _cpu_flags() -> set[str]:
@@ -46,7 +47,8 @@ def _build(sources: dict[str, bytes], target: Path) -> None:
             paths.append(Path(tmp) / name)
             paths[-1].write_bytes(text)
         out = Path(tmp) / target.name
-        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, paths),
+        units = [str(p) for p in paths if p.suffix == ".c"]
+        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *units,
                         "-o", str(out), "-lm"], check=True, capture_output=True, timeout=120)
         os.replace(out, target)  # atomic: a concurrent process sees the whole library or none
 

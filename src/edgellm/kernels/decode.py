@@ -1,76 +1,111 @@
-"""A Llama decode step with one native call per layer (llama_layer.c) instead of ~70 eager ops.
+"""A decode step with one native call per layer (llama_layer.c, gemma3_layer.c) instead of
+~70 eager ops per layer.
 
-It applies when everything the C layer assumes holds: one sequence, one new token, every
-projection on edgellm's INT4 kernel (`Int4Linear.native`), a SiLU MLP, and fp32 dense KV
-stores (the default KVConfig). Otherwise `step` returns None and the model runs its own
-PyTorch code — which stays the reference: tests/quant/test_decode.py checks the two agree."""
+It applies when everything the C layers assume holds: one sequence, one new token, every
+projection on edgellm's INT4 kernel (`Int4Linear.native`) or dense bf16, the architecture's own MLP
+activation, and fp32 KV stores (the default KVConfig; dense, or Gemma's sliding rings).
+Otherwise `step` returns None and the model runs its PyTorch code — which stays the
+reference: tests/quant/test_decode.py checks that the two agree."""
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 import torch.nn.functional as F
 
 from edgellm import kernels
-from edgellm.kv.cache import DenseCache
+from edgellm.kv.cache import DenseCache, RingCache
 from edgellm.kv.codecs import FloatCodec
-from edgellm.quant.linear import Int4Linear
+from edgellm.quant.linear import DenseLinear, Int4Linear
+
+_p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class _Int4Weight(ctypes.Structure):
-    _fields_ = [("packed", ctypes.c_void_p), ("scale_zero", ctypes.c_void_p), ("n", ctypes.c_int64),
-                ("kw", ctypes.c_int64), ("ka", ctypes.c_int64), ("group", ctypes.c_int64)]
+    _fields_ = [("packed", _p), ("scale_zero", _p), ("n", _i64), ("kw", _i64), ("ka", _i64), ("group", _i64)]
+
+
+class _KVSlots(ctypes.Structure):
+    _fields_ = [("k", _p), ("v", _p), ("capacity", _i64), ("slot_pos", _p)]
+
+
+_HEAD = [("hidden", _i64), ("n_heads", _i64), ("n_kv", _i64), ("head_dim", _i64), ("inter", _i64),
+         ("max_len", _i64), ("eps", _f32), ("scale", _f32)]
+_WEIGHTS = [("qkv", _Int4Weight), ("o", _Int4Weight), ("gate_up", _Int4Weight), ("down", _Int4Weight)]
 
 
 class _LlamaLayer(ctypes.Structure):
-    _fields_ = [("hidden", ctypes.c_int64), ("n_heads", ctypes.c_int64), ("n_kv", ctypes.c_int64),
-                ("head_dim", ctypes.c_int64), ("inter", ctypes.c_int64), ("max_len", ctypes.c_int64),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-                ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("qkv_bias", ctypes.c_void_p),
-                ("qkv", _Int4Weight), ("o", _Int4Weight), ("gate_up", _Int4Weight), ("down", _Int4Weight)]
+    _fields_ = _HEAD + [("attn_norm", _p), ("mlp_norm", _p), ("qkv_bias", _p)] + _WEIGHTS
 
 
-def _weight(linear: Int4Linear) -> _Int4Weight:
+class _GemmaLayer(ctypes.Structure):
+    _fields_ = _HEAD + [(n, _p) for n in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm",
+                                          "q_norm", "k_norm")] + _WEIGHTS
+
+
+def _weight(linear) -> _Int4Weight:
+    if isinstance(linear, DenseLinear):  # bf16 (N, K), e.g. Gemma's Q6_K projections
+        return _Int4Weight(linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
+                           linear.in_features, 0)
     return _Int4Weight(linear.packed.data_ptr(), linear.scale_zero.data_ptr(), linear.out_features,
                        linear.planes * linear.in_features, linear.in_features, linear.group)
 
 
-def _eligible(block) -> bool:
-    linears = (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)
-    return all(isinstance(m, Int4Linear) and m.native for m in linears) and block.mlp.activation is F.silu
+def _native(linear) -> bool:
+    if isinstance(linear, DenseLinear):
+        return linear.compute_dtype == torch.bfloat16 and linear.in_features % 16 == 0
+    return isinstance(linear, Int4Linear) and linear.native
 
 
-class FusedLlamaDecoder:
-    """Holds the per-layer descriptors (and keeps every tensor they point into alive)."""
+def _linears(block) -> list:
+    return [block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj]
+
+
+class FusedDecoder:
+    """Per-layer descriptors for one model (keeping alive every tensor they point into)."""
 
     def __init__(self, net, max_len: int):
-        cfg = net.config
-        self.net, self.lib, self.max_len = net, kernels.library(), max_len
-        self._keep = []
-        self.layers = [self._describe(block, cfg) for block in net.blocks]
-        floats = self.lib.edgellm_llama_layer_floats(ctypes.byref(self.layers[0]))
-        self.buf = torch.empty(floats, dtype=torch.float32)
+        cfg, self.net, self.lib = net.config, net, kernels.library()
+        self.gemma = cfg.architecture == "gemma3"
+        self._keep: list = []
+        self.layers = [self._describe(block, cfg, max_len) for block in net.blocks]
+        name = "edgellm_gemma3_layer" if self.gemma else "edgellm_llama_layer"
+        self.run_layer = getattr(self.lib, name)
+        self.run_layer.restype = None
+        floats = getattr(self.lib, name + "_floats")
+        floats.restype = _i64
+        self.buf = torch.empty(floats(ctypes.byref(self.layers[0])), dtype=torch.float32)
         widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
-        self.work = torch.empty(widest // 2 + 2 * widest // 2 + 64, dtype=torch.int32)
+        self.work = torch.empty(2 * widest + 64, dtype=torch.int32)
+        self.max_len = max_len
 
     @classmethod
-    def build(cls, net, max_len: int) -> FusedLlamaDecoder | None:
-        lib = kernels.library()
-        if lib is None or not all(_eligible(b) for b in net.blocks):
-            return None
-        lib.edgellm_llama_layer_floats.restype = ctypes.c_int64
-        lib.edgellm_llama_layer.restype = None
-        return cls(net, max_len)
+    def build(cls, net, max_len: int) -> FusedDecoder | None:
+        activation = F.silu if net.config.architecture != "gemma3" else None
+        if net.config.head_dim % 16:
+            return None  # the attention dot product works in 16-float vectors
+        for block in net.blocks:
+            if not all(_native(m) for m in _linears(block)):
+                return None
+            if activation is not None and block.mlp.activation is not activation:
+                return None
+        return cls(net, max_len) if kernels.library() is not None else None
 
-    def _describe(self, block, cfg) -> _LlamaLayer:
-        attn, mlp = block.attn, block.mlp
+    def _describe(self, block, cfg, max_len: int):
+        attn = block.attn
+        head = [cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size, max_len,
+                block.attn_norm.eps, attn.scale]
+        weights = [_weight(m) for m in _linears(block)]
+        if self.gemma:
+            norms = [block.attn_norm, block.post_attn_norm, block.mlp_norm, block.post_mlp_norm, attn.q_norm,
+                     attn.k_norm]
+            self._keep += [n.weight for n in norms]
+            return _GemmaLayer(*head, *(n.weight.data_ptr() for n in norms), *weights)
         bias = attn.qkv_bias.float().contiguous() if attn.qkv_bias is not None else None
         self._keep += [block.attn_norm.weight, block.mlp_norm.weight, bias]
-        return _LlamaLayer(
-            cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size, self.max_len,
-            block.attn_norm.eps, attn.scale, block.attn_norm.weight.data_ptr(), block.mlp_norm.weight.data_ptr(),
-            bias.data_ptr() if bias is not None else None,
-            _weight(attn.qkv_proj), _weight(attn.o_proj), _weight(mlp.gate_up_proj), _weight(mlp.down_proj))
+        return _LlamaLayer(*head, block.attn_norm.weight.data_ptr(), block.mlp_norm.weight.data_ptr(),
+                           bias.data_ptr() if bias is not None else None, *weights)
 
     def step(self, tokens: torch.Tensor, caches) -> torch.Tensor | None:
         """Logits (1, 1, V) for one token of one sequence, or None if the caches do not fit."""
@@ -78,25 +113,52 @@ class FusedLlamaDecoder:
         if tokens.shape != (1, 1) or not layers or not all(_plain_fp32(c) for c in layers):
             return None
         pos = layers[0].offset
-        if pos >= self.max_len:
+        if pos >= self.max_len or any(c.offset != pos for c in layers):
             return None
-        cos, sin = (t.reshape(-1).contiguous() for t in self.net.rotary(caches.positions(1)))
-        x = self.net.embed(tokens).reshape(-1).float().contiguous()
-        threads = torch.get_num_threads()
-        for desc, cache in zip(self.layers, layers):
-            cache.k.ensure(pos + 1)
-            cache.v.ensure(pos + 1)
-            kc, vc = cache.k.parts["x"], cache.v.parts["x"]
-            self.lib.edgellm_llama_layer(
-                ctypes.byref(desc), ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(cos.data_ptr()),
-                ctypes.c_void_p(sin.data_ptr()), ctypes.c_void_p(kc.data_ptr()), ctypes.c_void_p(vc.data_ptr()),
-                ctypes.c_int64(pos), ctypes.c_int64(kc.shape[2]), ctypes.c_void_p(self.buf.data_ptr()),
-                ctypes.c_void_p(self.work.data_ptr()), ctypes.c_int(threads))
+        ropes = self._ropes(caches.positions(1))
+        x = self.net.embed(tokens).reshape(-1).float()
+        if self.gemma:
+            x = x * math.sqrt(self.net.config.hidden_size)
+        x = x.contiguous()
+        threads, buf, work = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
+        for desc, block, cache in zip(self.layers, self.net.blocks, layers):
+            cos, sin = ropes[getattr(block, "sliding", False)]
+            slots = _slots(cache, pos)
+            self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), _p(cos.data_ptr()), _p(sin.data_ptr()),
+                           ctypes.byref(slots), _i64(pos), buf, work, ctypes.c_int(threads))
             cache.offset = pos + 1
         return self.net.lm_head(self.net.norm(x.view(1, 1, -1))).float()
 
+    def _ropes(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) of this position, keyed by 'sliding layer?' (Gemma's two RoPE bases)."""
+        flat = lambda pair: tuple(t.reshape(-1).contiguous() for t in pair)  # noqa: E731
+        if self.gemma:
+            return {True: flat(self.net.rotary_local(positions)), False: flat(self.net.rotary_global(positions))}
+        both = flat(self.net.rotary(positions))
+        return {False: both, True: both}
+
+
+def _slots(cache, pos: int) -> _KVSlots:
+    if isinstance(cache, RingCache):
+        return _KVSlots(cache.k.parts["x"].data_ptr(), cache.v.parts["x"].data_ptr(), cache.window,
+                        cache.positions.data_ptr())
+    cache.k.ensure(pos + 1)
+    cache.v.ensure(pos + 1)
+    k = cache.k.parts["x"]
+    return _KVSlots(k.data_ptr(), cache.v.parts["x"].data_ptr(), k.shape[2], None)
+
 
 def _plain_fp32(cache) -> bool:
-    return (type(cache) is DenseCache and cache.k.batch == 1 and isinstance(cache.k.codec, FloatCodec)
-            and isinstance(cache.v.codec, FloatCodec) and cache.k.codec.dtype == torch.float32
-            and cache.v.codec.dtype == torch.float32)
+    if type(cache) not in (DenseCache, RingCache) or cache.k.batch != 1:
+        return False
+    return all(isinstance(s.codec, FloatCodec) and s.codec.dtype == torch.float32 for s in (cache.k, cache.v))
+
+
+def fused_step(net, tokens: torch.Tensor, caches) -> torch.Tensor | None:
+    """The native decode step for `net` if it applies (decoder built once per model)."""
+    if tokens.shape != (1, 1):
+        return None
+    if "_fused" not in net.__dict__:
+        net.__dict__["_fused"] = FusedDecoder.build(net, net.config.context_length)
+    decoder = net.__dict__["_fused"]
+    return decoder.step(tokens, caches) if decoder is not None else None

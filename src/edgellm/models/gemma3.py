@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm.kernels.decode import fused_step
 from edgellm.kv.sequence import LayerSpec
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, attention
 from edgellm.models.weights import Weights
@@ -125,6 +126,9 @@ class Gemma3(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
+        logits = fused_step(self, tokens, caches)  # one decode step in C, when its assumptions hold
+        if logits is not None:
+            return logits
         positions = caches.positions(tokens.shape[1])
         rope_local, rope_global = self.rotary_local(positions), self.rotary_global(positions)
         x = self.embed(tokens) * self.embed_scale

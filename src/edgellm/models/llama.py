@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm.kernels.decode import fused_step
 from edgellm.kv.sequence import LayerSpec
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, attention
 from edgellm.models.weights import Weights
@@ -117,23 +118,15 @@ class Llama(nn.Module):
         factors = w.vector("rope_freqs.weight") if w.has("rope_freqs.weight") else None
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base, factors)
 
-    def _fused_decoder(self):
-        if "_fused" not in self.__dict__:
-            from edgellm.kernels.decode import FusedLlamaDecoder
-
-            self.__dict__["_fused"] = FusedLlamaDecoder.build(self, self.config.context_length)
-        return self.__dict__["_fused"]
-
     def cache_specs(self) -> list[LayerSpec]:
         c = self.config
         return [LayerSpec(c.n_kv_heads, c.head_dim, None, self.rotary.rotate)] * c.n_layers
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
-        if tokens.shape == (1, 1):  # one decode step: native, when its assumptions hold
-            logits = self._fused_decoder().step(tokens, caches) if self._fused_decoder() else None
-            if logits is not None:
-                return logits
+        logits = fused_step(self, tokens, caches)  # one decode step in C, when its assumptions hold
+        if logits is not None:
+            return logits
         rope = self.rotary(caches.positions(tokens.shape[1]))
         x = self.embed(tokens)
         for block, cache in zip(self.blocks, caches):

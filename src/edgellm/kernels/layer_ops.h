@@ -1,0 +1,116 @@
+/* Pieces shared by the native decoder layers (llama_layer.c, gemma3_layer.c): one token, fp32. */
+#pragma once
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed, const uint16_t *scale_zero,
+                       int64_t n, int64_t kw, int64_t group, float *y, void *work, int threads);
+
+/* A projection: torch-packed INT4 (scale_zero set), or a dense bf16 (n, ka) matrix in
+   `packed` (scale_zero NULL) for the GGUF types that have no exact INT4 form (Q6_K). */
+typedef struct {
+    const uint8_t *packed;
+    const uint16_t *scale_zero;
+    int64_t n, kw, ka, group;  /* kw = planes * ka */
+} Int4Weight;
+
+/* y = W x for dense bf16 W (n, k), k % 16 == 0; rows split across threads. */
+static inline void bf16_gemv(const uint16_t *w, const float *x, int64_t n, int64_t k, float *y, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        const uint16_t *row = w + r * k;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < k; i += 16) {
+            __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + i)));
+            acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)), _mm512_loadu_ps(x + i), acc);
+        }
+        y[r] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+/* Where this layer's keys and values live: (Hkv, capacity, D) fp32 stores. A dense cache
+   holds positions 0..pos at slots 0..pos (slot_pos = NULL); a ring of `capacity` = window
+   slots holds position p at slot p % capacity, with slot_pos[] naming each slot's position
+   (-1: empty), and a query at p sees positions in (p - window, p]. */
+typedef struct {
+    float *k, *v;
+    int64_t capacity;
+    int64_t *slot_pos;
+} KVSlots;
+
+static inline void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
+    float ss = 0.f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+/* rotate-half RoPE with full-width cos/sin: x*cos + (-x2, x1)*sin */
+static inline void rope(float *x, const float *cos, const float *sin, int64_t d) {
+    int64_t h = d / 2;
+    for (int64_t i = 0; i < h; i++) {
+        float a = x[i], b = x[i + h];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+static inline void gemv(const Int4Weight *w, const float *x, float *y, void *work, int threads) {
+    if (!w->scale_zero) {
+        bf16_gemv((const uint16_t *)w->packed, x, w->n, w->ka, y, threads);
+        return;
+    }
+    edgellm_int4_gemv(x, 1, w->ka, w->packed, w->scale_zero, w->n, w->kw, w->group, y, work, threads);
+}
+
+/* Store the new k, v (n_kv heads of d) for position pos; returns the slot count to scan. */
+static inline int64_t kv_write(KVSlots *c, const float *k, const float *v, int64_t n_kv, int64_t d, int64_t pos) {
+    int64_t slot = c->slot_pos ? pos % c->capacity : pos;
+    for (int64_t g = 0; g < n_kv; g++) {
+        memcpy(c->k + (g * c->capacity + slot) * d, k + g * d, (size_t)d * sizeof(float));
+        memcpy(c->v + (g * c->capacity + slot) * d, v + g * d, (size_t)d * sizeof(float));
+    }
+    if (c->slot_pos) {
+        c->slot_pos[slot] = pos;
+        return c->capacity;
+    }
+    return pos + 1;
+}
+
+/* q . k over d floats (d % 16 == 0): vector accumulators, so no serial dependency chain. */
+static inline float dot(const float *q, const float *k, int64_t d) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* One query per head over the visible slots of its KV head (grouped-query attention). */
+static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int64_t n_kv, int64_t d, float scale,
+                          int64_t slots, int64_t pos, float *scores, float *out, int threads) {
+    int64_t per_kv = n_heads / n_kv;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t h = 0; h < n_heads; h++) {
+        const float *qh = q + h * d;
+        const float *k = c->k + (h / per_kv) * c->capacity * d, *v = c->v + (h / per_kv) * c->capacity * d;
+        float *s = scores + h * slots, best = -INFINITY, total = 0.f;
+        for (int64_t t = 0; t < slots; t++) {
+            int64_t p = c->slot_pos ? c->slot_pos[t] : t;
+            if (p < 0 || p > pos || pos - p >= (c->slot_pos ? c->capacity : pos + 1)) {
+                s[t] = -INFINITY;
+                continue;
+            }
+            s[t] = dot(qh, k + t * d, d) * scale;
+            best = s[t] > best ? s[t] : best;
+        }
+        for (int64_t t = 0; t < slots; t++) total += (s[t] = s[t] == -INFINITY ? 0.f : expf(s[t] - best));
+        float *o = out + h * d;
+        memset(o, 0, (size_t)d * sizeof(float));
+        for (int64_t t = 0; t < slots; t++) {
+            if (s[t] == 0.f) continue;
+            float p = s[t] / total;
+            for (int64_t i = 0; i < d; i++) o[i] += p * v[t * d + i];
+        }
+    }
+}
