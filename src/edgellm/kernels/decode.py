@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -121,11 +122,13 @@ class FusedDecoder:
             x = x * math.sqrt(self.net.config.hidden_size)
         x = x.contiguous()
         threads, buf, work = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
+        profiling = torch.autograd.profiler._is_profiler_enabled
         for desc, block, cache in zip(self.layers, self.net.blocks, layers):
             cos, sin = ropes[getattr(block, "sliding", False)]
             slots = _slots(cache, pos)
-            self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), _p(cos.data_ptr()), _p(sin.data_ptr()),
-                           ctypes.byref(slots), _i64(pos), buf, work, ctypes.c_int(threads))
+            with torch.profiler.record_function("edgellm::decode_layer") if profiling else nullcontext():
+                self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), _p(cos.data_ptr()), _p(sin.data_ptr()),
+                               ctypes.byref(slots), _i64(pos), buf, work, ctypes.c_int(threads))
             cache.offset = pos + 1
         return self.net.lm_head(self.net.norm(x.view(1, 1, -1))).float()
 
