@@ -74,6 +74,7 @@ def _library() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError):
         return None
     lib.edgellm_int4_gemv.restype = None
+    lib.edgellm_q8_0_gemv.restype = None
     lib.edgellm_int4_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                       ctypes.c_int]
@@ -86,6 +87,29 @@ def library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     return _library() is not None
+
+
+def q8_0_gemv(x: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+    """y (M, N) fp32 = x (M, K) @ W^T for W given as GGUF Q8_0 rows (N, K / 32 * 34) uint8."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        with torch.profiler.record_function("edgellm::q8_0_gemv"):
+            return _q8_0_gemv(x, rows, k)
+    return _q8_0_gemv(x, rows, k)
+
+
+def _q8_0_gemv(x: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
+    lib = _library()
+    m, n = x.shape[0], rows.shape[0]
+    x = x.float().contiguous()
+    y = torch.empty(m, n, dtype=torch.float32)
+    work = torch.empty(m * (k // 2) + 2 * m * (k // 32), dtype=torch.int32)
+    lib.edgellm_q8_0_gemv(_vp(x.data_ptr()), ctypes.c_int(m), ctypes.c_int64(k), _vp(rows.data_ptr()),
+                          ctypes.c_int64(n), _vp(y.data_ptr()), _vp(work.data_ptr()),
+                          ctypes.c_int(torch.get_num_threads()))
+    return y
+
+
+_vp = ctypes.c_void_p
 
 
 def supports(n: int, k: int, group: int) -> bool:

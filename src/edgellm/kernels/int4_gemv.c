@@ -115,3 +115,37 @@ void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed,
     for (int64_t nb = 0; nb < blocks; nb++)
         block64(packed, scale_zero, n, kw, group, ka, nb, m, qx, dx, sums, y);
 }
+
+
+/* y[m][n] = x[m][k] @ W^T for W in GGUF Q8_0 blocks, read straight from the model file: per
+   row, k / 32 blocks of 34 bytes (fp16 d, then 32 int8 q), w = d * q. Activations as above
+   (int16 per 32); per block, 16 int32 lanes of vpdpwssd become one float fma with d * dx.
+   `work` holds m * (k / 2) int32 + 2 * m * k / 32 floats. */
+void edgellm_q8_0_gemv(const float *x, int m, int64_t k, const uint8_t *blocks, int64_t n, float *y, void *work,
+                       int threads) {
+    int32_t *qx = (int32_t *)work;
+    float *dx = (float *)(qx + m * (k / 2));
+    float *sums = dx + m * (k / 32);
+    for (int i = 0; i < m; i++)
+        quantize_activations(x + i * k, k, 32, qx + i * (k / 2), dx + i * (k / 32), sums + i * (k / 32));
+    int64_t nblocks = k / 32, row_bytes = nblocks * 34;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *row = blocks + r * row_bytes;
+        __m512 acc[MAX_M];
+        for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nblocks; b++) {
+            const uint8_t *block = row + b * 34;
+            uint16_t half;
+            memcpy(&half, block, 2);
+            float d = _cvtsh_ss(half);
+            __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(block + 2)));
+            for (int i = 0; i < m; i++) {
+                __m512i xq = _mm512_loadu_si512((const void *)(qx + i * (k / 2) + b * 16));
+                __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, xq);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * dx[i * nblocks + b]), acc[i]);
+            }
+        }
+        for (int i = 0; i < m; i++) y[i * n + r] = _mm512_reduce_add_ps(acc[i]);
+    }
+}

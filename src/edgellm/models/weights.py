@@ -11,6 +11,7 @@ from edgellm.errors import ModelFormatError
 from edgellm.quant.embedding import QuantEmbedding
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.linear import make_fused_linear
+from edgellm.quant.q8 import Q8Linear
 from edgellm.quant.packed import QuantizedEmbedding, concat_linears, make_quantized_linear
 from edgellm.quant.schemes import QuantizedWeight
 
@@ -76,6 +77,8 @@ class Weights:
                        for n, q in zip(names, quantized)]
             return self._keep(key, names, concat_linears(linears))
         parts = [self._part(n, rows.get(n)) for n in names]
+        if self.mode == "fast" and len(parts) == 1 and not rows and Q8Linear.supports(parts[0][1], parts[0][2]):
+            return Q8Linear(parts[0][0], parts[0][2])  # the file's Q8_0 blocks, in place (the head)
         for n, (_, _, shape) in zip(names, parts):
             if len(shape) != 2:
                 raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
