@@ -5,9 +5,10 @@
 AVX-512 VNNI integer dot products. The C source is built with the system compiler
 (`cc -O3 -march=native`, about a second) into edgellm's cache directory, keyed by the source
 and the CPU; machines without a compiler, AVX-512 VNNI or torch's AVX-512 packing simply
-keep torch's kernel. EDGELLM_KERNELS=0 turns the native path off. llama_layer.c runs a
-whole Llama decoder layer for one token on the same kernel, gemma3_layer.c a Gemma 3 one
-(see decode.py)."""
+keep torch's kernel. EDGELLM_KERNELS=0 turns the native path off. `q8_0_gemv` multiplies by
+a GGUF Q8_0 weight straight from the model file (the tied heads, quant/q8.py). llama_layer.c
+runs a whole Llama decoder layer for one token on these kernels, gemma3_layer.c a Gemma 3
+one (see decode.py)."""
 from __future__ import annotations
 
 import ctypes
