@@ -20,7 +20,6 @@ from edgellm.kv.persist import load_prefix, save_prefix
 from edgellm.models import build_model, layer_specs
 from edgellm.registry import resolve
 from edgellm.threads import configure_threads
-from edgellm.tokenizer import Tokenizer
 
 Message = dict[str, str]
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from contextlib import contextmanager
 from typing import Iterator
 

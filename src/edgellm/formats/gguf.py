@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from edgellm.errors import ModelFormatError
+from edgellm.formats.mapped import MappedFile, check_no_overlap
 from edgellm.quant.ggml import GGMLType, tensor_nbytes
 
 MAGIC = b"GGUF"
@@ -100,20 +101,11 @@ class _Cursor:
         return [self.value(etype, f"{what}[{i}]", depth) for i in range(count)]
 
 
-class GGUFFile:
+class GGUFFile(MappedFile):
     """A memory-mapped, validated GGUF file. Tensors are zero-copy views into the mapping."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                # ACCESS_COPY: private mapping, so torch gets a writable buffer without
-                # copying; pages stay shared with the page cache until written (never).
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        except FileNotFoundError:
-            raise ModelFormatError(self.path, "no such file") from None
-        except (ValueError, OSError) as e:  # ValueError: empty file cannot be mapped
-            raise ModelFormatError(self.path, f"cannot map file ({e})") from None
+        super().__init__(path)
         try:
             self._parse()
         except BaseException:
@@ -188,7 +180,7 @@ class GGUFFile:
                     f"truncated: tensor {name!r} needs bytes {start}..{start + nbytes}, "
                     f"file has {cur.size}")
             tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes)
-        _check_no_overlap(cur, tensors.values())
+        check_no_overlap(((t.name, t.offset, t.nbytes) for t in tensors.values()), cur.fail)
         return tensors
 
     # -- access --------------------------------------------------------------------------
@@ -196,49 +188,13 @@ class GGUFFile:
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a 1-D uint8 view into the mapping (no copy)."""
         info = self.tensors[name]
-        return torch.frombuffer(self._map, dtype=torch.uint8, count=info.nbytes, offset=info.offset)
+        return self.view(info.offset, info.nbytes)
 
     def drop_pages(self, names: list[str] | None = None) -> None:
-        """Tell the OS these tensors' mapped pages (default: all) need not stay resident.
-
-        Once load has converted a weight into a packed copy, the file pages it read would
-        otherwise count in RSS until memory pressure evicts them. A view still in use (an
-        embedding table) simply faults its pages back in, row by row, on access."""
-        if self._map.closed or not hasattr(self._map, "madvise"):
-            return
-        spans = [(self.data_offset, len(self._map))] if names is None else [
+        """Let the OS drop these tensors' (default: all) resident pages (MappedFile.advise_dontneed)."""
+        chosen = [(self.data_offset, self.file_size)] if names is None else [
             (self.tensors[n].offset, self.tensors[n].offset + self.tensors[n].nbytes) for n in names]
-        page = mmap.PAGESIZE
-        for start, end in spans:
-            start = start // page * page
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-    @property
-    def file_size(self) -> int:
-        return len(self._map)
-
-    def close(self) -> None:
-        """Release the mapping. Views handed out earlier keep their pages alive until freed."""
-        mapping = getattr(self, "_map", None)
-        if mapping is not None and not mapping.closed:
-            try:
-                mapping.close()
-            except BufferError:  # tensors still export the buffer; the OS unmaps when they die
-                pass
-
-    def __enter__(self) -> GGUFFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _check_no_overlap(cur: _Cursor, tensors) -> None:
-    previous = None
-    for info in sorted(tensors, key=lambda t: t.offset):
-        if previous is not None and info.offset < previous.offset + previous.nbytes:
-            raise cur.fail(f"tensors {previous.name!r} and {info.name!r} overlap")
-        previous = info
+        self.advise_dontneed(chosen)
 
 
 def open_gguf(path: str | Path) -> GGUFFile:

@@ -17,12 +17,9 @@ from edgellm.errors import ModelFormatError, UnsupportedModel
 from edgellm.formats.gguf import TensorInfo
 from edgellm.formats.hf_names import gguf_name, metadata_from_config
 from edgellm.formats.safetensors import SafetensorsFile
-from edgellm.quant.ggml import GGMLType
 
 # Metadata flag: Llama q/k rows are in HF's order, not llama.cpp's interleaved one.
 HF_QK_LAYOUT = "edgellm.hf_qk_layout"
-
-_GGML_FLOAT = {torch.float32: GGMLType.F32, torch.float16: GGMLType.F16, torch.bfloat16: GGMLType.BF16}
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -66,10 +63,10 @@ class HFFolder:
 
     def _info(self, name: str) -> TensorInfo:
         f, hf = self._where[name]
-        e = f.entries[hf]
-        if e.dtype not in _GGML_FLOAT:
-            raise UnsupportedModel(f"{f.path}: tensor {hf!r} has dtype {e.dtype}; float weights expected")
-        return TensorInfo(name, e.shape, int(_GGML_FLOAT[e.dtype]), e.offset, e.nbytes)
+        info = f.entries[hf].as_float_info(name)
+        if info is None:
+            raise UnsupportedModel(f"{f.path}: tensor {hf!r} has dtype {f.entries[hf].dtype}; float weights expected")
+        return info
 
     def raw(self, name: str) -> torch.Tensor:
         if self.arch == "gemma3" and name.endswith("norm.weight"):

@@ -19,16 +19,13 @@ from typing import Any, Mapping
 import torch
 
 from edgellm.errors import ModelFormatError, UnsupportedModel
-from edgellm.formats.gguf import TensorInfo
 from edgellm.formats.safetensors import PAD_PREFIX, SafetensorsFile, write_safetensors
-from edgellm.quant.ggml import GGMLType
 from edgellm.quant.schemes import QuantizedWeight, Scheme
 
 FORMAT = "edgellm.quantized"
 VERSION = 1
 TOKENIZER = "__tokenizer__"
 _PARTS = ("q", "scale", "zero")
-_GGML_FLOAT = {torch.float32: GGMLType.F32, torch.float16: GGMLType.F16, torch.bfloat16: GGMLType.BF16}
 
 
 @dataclass(frozen=True)
@@ -147,9 +144,10 @@ class QuantizedFile:
         self.tensors: dict[str, Any] = dict(self._weights)
         for name, e in self._file.entries.items():
             if name != TOKENIZER and not name.startswith(PAD_PREFIX) and name.rsplit(".", 1)[0] not in self._weights:
-                if e.dtype not in _GGML_FLOAT:
+                info = e.as_float_info(name)
+                if info is None:
                     raise self._fail(f"tensor {name!r} has dtype {e.dtype}, neither float nor a quantized part")
-                self.tensors[name] = TensorInfo(name, e.shape, int(_GGML_FLOAT[e.dtype]), e.offset, e.nbytes)
+                self.tensors[name] = info
 
     def _weight_info(self, name: str, spec: Mapping[str, Any]) -> QuantInfo:
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +16,16 @@ from pathlib import Path
 import torch
 
 from edgellm.errors import ModelFormatError
+from edgellm.formats.gguf import TensorInfo
+from edgellm.formats.mapped import MappedFile, check_no_overlap
+from edgellm.quant.ggml import GGMLType
 
 DTYPES: dict[str, torch.dtype] = {
     "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
 }
 _MAX_HEADER = 100 * 2**20
+_GGML_FLOAT = {torch.float32: GGMLType.F32, torch.float16: GGMLType.F16, torch.bfloat16: GGMLType.BF16}
 
 
 @dataclass(frozen=True)
@@ -37,19 +40,17 @@ class Entry:
     def n_elements(self) -> int:
         return math.prod(self.shape)
 
+    def as_float_info(self, name: str) -> TensorInfo | None:
+        """A GGUF-style TensorInfo (what models read) under `name`, or None if not a float dtype."""
+        kind = _GGML_FLOAT.get(self.dtype)
+        return None if kind is None else TensorInfo(name, self.shape, int(kind), self.offset, self.nbytes)
 
-class SafetensorsFile:
+
+class SafetensorsFile(MappedFile):
     """A memory-mapped, validated safetensors file."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        except FileNotFoundError:
-            raise ModelFormatError(self.path, "no such file") from None
-        except (ValueError, OSError) as e:
-            raise ModelFormatError(self.path, f"cannot map file ({e})") from None
+        super().__init__(path)
         try:
             self.metadata, self.entries = self._parse()
         except BaseException:
@@ -75,7 +76,7 @@ class SafetensorsFile:
         metadata = header.pop("__metadata__", None) or {}
         data_start = 8 + length
         entries = {name: self._entry(name, spec, data_start, size) for name, spec in header.items()}
-        _check_no_overlap(self, entries.values())
+        check_no_overlap(((e.name, e.offset, e.nbytes) for e in entries.values()), self._fail)
         return metadata, entries
 
     def _entry(self, name: str, spec, data_start: int, size: int) -> Entry:
@@ -97,8 +98,7 @@ class SafetensorsFile:
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a 1-D uint8 view into the mapping (no copy)."""
         e = self.entries[name]
-        return torch.frombuffer(self._map, dtype=torch.uint8, count=e.nbytes, offset=e.offset) if e.nbytes \
-            else torch.empty(0, dtype=torch.uint8)
+        return self.view(e.offset, e.nbytes)
 
     def tensor(self, name: str) -> torch.Tensor:
         """The tensor itself, typed and shaped; a view when its offset is aligned for the dtype."""
@@ -109,42 +109,9 @@ class SafetensorsFile:
         return raw.view(e.dtype).reshape(e.shape)
 
     def drop_pages(self, names: list[str] | None = None) -> None:
-        """Let the OS drop these tensors' resident pages (see GGUFFile.drop_pages)."""
-        if self._map.closed or not hasattr(self._map, "madvise"):
-            return
+        """Let the OS drop these tensors' (default: all) resident pages (MappedFile.advise_dontneed)."""
         chosen = self.entries.values() if names is None else [self.entries[n] for n in names]
-        page = mmap.PAGESIZE
-        for e in chosen:
-            start = e.offset // page * page
-            if e.offset + e.nbytes > start:
-                self._map.madvise(mmap.MADV_DONTNEED, start, e.offset + e.nbytes - start)
-
-    @property
-    def file_size(self) -> int:
-        return len(self._map)
-
-    def close(self) -> None:
-        mapping = getattr(self, "_map", None)
-        if mapping is not None and not mapping.closed:
-            try:
-                mapping.close()
-            except BufferError:  # views still alive; the OS unmaps when they die
-                pass
-
-    def __enter__(self) -> SafetensorsFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _check_no_overlap(owner: SafetensorsFile, entries) -> None:
-    previous = None
-    for e in sorted(entries, key=lambda e: e.offset):
-        if e.nbytes and previous is not None and e.offset < previous.offset + previous.nbytes:
-            raise owner._fail(f"tensors {previous.name!r} and {e.name!r} overlap")
-        if e.nbytes:
-            previous = e
+        self.advise_dontneed((e.offset, e.offset + e.nbytes) for e in chosen)
 
 
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
