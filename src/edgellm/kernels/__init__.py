@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from contextlib import nullcontext
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
-_SOURCES = ("int4_gemv.c", "layer_ops.h", "llama_layer.c", "gemma3_layer.c")
+_SOURCES = ("int4_gemv.c", "layer_ops.h", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
 
 
 def _cpu_flags() -> set[str]:
@@ -74,11 +75,10 @@ def _library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError):
         return None
-    lib.edgellm_int4_gemv.restype = None
-    lib.edgellm_q8_0_gemv.restype = None
-    lib.edgellm_int4_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                      ctypes.c_int]
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.edgellm_int4_gemv.restype = lib.edgellm_q8_0_gemv.restype = None
+    lib.edgellm_int4_gemv.argtypes = [p, i, i64, p, p, i64, i64, i64, p, p, i]
+    lib.edgellm_q8_0_gemv.argtypes = [p, i, i64, p, i64, p, p, i]
     return lib
 
 
@@ -90,27 +90,21 @@ def available() -> bool:
     return _library() is not None
 
 
+def profiled(label: str):
+    """A record_function naming a native call in `bench --profile`; free when not profiling."""
+    return torch.profiler.record_function(label) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
+
+
 def q8_0_gemv(x: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
     """y (M, N) fp32 = x (M, K) @ W^T for W given as GGUF Q8_0 rows (N, K / 32 * 34) uint8."""
-    if torch.autograd.profiler._is_profiler_enabled:
-        with torch.profiler.record_function("edgellm::q8_0_gemv"):
-            return _q8_0_gemv(x, rows, k)
-    return _q8_0_gemv(x, rows, k)
-
-
-def _q8_0_gemv(x: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
-    lib = _library()
     m, n = x.shape[0], rows.shape[0]
     x = x.float().contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     work = torch.empty(m * (k // 2) + 2 * m * (k // 32), dtype=torch.int32)
-    lib.edgellm_q8_0_gemv(_vp(x.data_ptr()), ctypes.c_int(m), ctypes.c_int64(k), _vp(rows.data_ptr()),
-                          ctypes.c_int64(n), _vp(y.data_ptr()), _vp(work.data_ptr()),
-                          ctypes.c_int(torch.get_num_threads()))
+    with profiled("edgellm::q8_0_gemv"):
+        _library().edgellm_q8_0_gemv(x.data_ptr(), m, k, rows.data_ptr(), n, y.data_ptr(), work.data_ptr(),
+                                     torch.get_num_threads())
     return y
-
-
-_vp = ctypes.c_void_p
 
 
 def supports(n: int, k: int, group: int) -> bool:
@@ -120,19 +114,12 @@ def supports(n: int, k: int, group: int) -> bool:
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int) -> torch.Tensor:
     """y (M, N) fp32 = x (M, K) @ W^T for W (N, planes * K) in torch's packed INT4 layout."""
-    if torch.autograd.profiler._is_profiler_enabled:  # name the native call in `bench --profile`
-        with torch.profiler.record_function("edgellm::int4_gemv"):
-            return _int4_gemv(x, packed, scale_zero, group, planes)
-    return _int4_gemv(x, packed, scale_zero, group, planes)
-
-
-def _int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int) -> torch.Tensor:
-    lib = _library()
     m, ka = x.shape
     n, kw = packed.shape[0], packed.shape[1] * 2
     x = x.float().contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     work = torch.empty(m * (ka // 2) + 2 * m * (ka // group), dtype=torch.int32)
-    lib.edgellm_int4_gemv(x.data_ptr(), m, ka, packed.data_ptr(), scale_zero.data_ptr(), n, kw, group,
-                          y.data_ptr(), work.data_ptr(), torch.get_num_threads())
+    with profiled("edgellm::int4_gemv"):
+        _library().edgellm_int4_gemv(x.data_ptr(), m, ka, packed.data_ptr(), scale_zero.data_ptr(), n, kw, group,
+                                     y.data_ptr(), work.data_ptr(), torch.get_num_threads())
     return y

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -31,17 +30,20 @@ class _KVSlots(ctypes.Structure):
     _fields_ = [("k", _p), ("v", _p), ("capacity", _i64), ("slot_pos", _p)]
 
 
-_HEAD = [("hidden", _i64), ("n_heads", _i64), ("n_kv", _i64), ("head_dim", _i64), ("inter", _i64),
-         ("max_len", _i64), ("eps", _f32), ("scale", _f32)]
+class _LayerDims(ctypes.Structure):
+    _fields_ = [("hidden", _i64), ("n_heads", _i64), ("n_kv", _i64), ("head_dim", _i64), ("inter", _i64),
+                ("max_len", _i64), ("eps", _f32), ("scale", _f32)]
+
+
 _WEIGHTS = [("qkv", _Int4Weight), ("o", _Int4Weight), ("gate_up", _Int4Weight), ("down", _Int4Weight)]
 
 
 class _LlamaLayer(ctypes.Structure):
-    _fields_ = _HEAD + [("attn_norm", _p), ("mlp_norm", _p), ("qkv_bias", _p)] + _WEIGHTS
+    _fields_ = [("dims", _LayerDims), ("attn_norm", _p), ("mlp_norm", _p), ("qkv_bias", _p)] + _WEIGHTS
 
 
 class _GemmaLayer(ctypes.Structure):
-    _fields_ = _HEAD + [(n, _p) for n in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm",
+    _fields_ = [("dims", _LayerDims)] + [(n, _p) for n in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm",
                                           "q_norm", "k_norm")] + _WEIGHTS
 
 
@@ -74,9 +76,8 @@ class FusedDecoder:
         name = "edgellm_gemma3_layer" if self.gemma else "edgellm_llama_layer"
         self.run_layer = getattr(self.lib, name)
         self.run_layer.restype = None
-        floats = getattr(self.lib, name + "_floats")
-        floats.restype = _i64
-        self.buf = torch.empty(floats(ctypes.byref(self.layers[0])), dtype=torch.float32)
+        self.lib.edgellm_layer_floats.restype = _i64
+        self.buf = torch.empty(self.lib.edgellm_layer_floats(ctypes.byref(self.layers[0].dims)), dtype=torch.float32)
         widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
         self.work = torch.empty(2 * widest + 64, dtype=torch.int32)
         self.max_len = max_len
@@ -95,17 +96,17 @@ class FusedDecoder:
 
     def _describe(self, block, cfg, max_len: int):
         attn = block.attn
-        head = [cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size, max_len,
-                block.attn_norm.eps, attn.scale]
+        dims = _LayerDims(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                          max_len, block.attn_norm.eps, attn.scale)
         weights = [_weight(m) for m in _linears(block)]
         if self.gemma:
             norms = [block.attn_norm, block.post_attn_norm, block.mlp_norm, block.post_mlp_norm, attn.q_norm,
                      attn.k_norm]
             self._keep += [n.weight for n in norms]
-            return _GemmaLayer(*head, *(n.weight.data_ptr() for n in norms), *weights)
+            return _GemmaLayer(dims, *(n.weight.data_ptr() for n in norms), *weights)
         bias = attn.qkv_bias.float().contiguous() if attn.qkv_bias is not None else None
         self._keep += [block.attn_norm.weight, block.mlp_norm.weight, bias]
-        return _LlamaLayer(*head, block.attn_norm.weight.data_ptr(), block.mlp_norm.weight.data_ptr(),
+        return _LlamaLayer(dims, block.attn_norm.weight.data_ptr(), block.mlp_norm.weight.data_ptr(),
                            bias.data_ptr() if bias is not None else None, *weights)
 
     def step(self, tokens: torch.Tensor, caches) -> torch.Tensor | None:
@@ -122,11 +123,10 @@ class FusedDecoder:
             x = x * math.sqrt(self.net.config.hidden_size)
         x = x.contiguous()
         threads, buf, work = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
-        profiling = torch.autograd.profiler._is_profiler_enabled
         for desc, block, cache in zip(self.layers, self.net.blocks, layers):
             cos, sin = ropes[getattr(block, "sliding", False)]
             slots = _slots(cache, pos)
-            with torch.profiler.record_function("edgellm::decode_layer") if profiling else nullcontext():
+            with kernels.profiled("edgellm::decode_layer"):
                 self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), _p(cos.data_ptr()), _p(sin.data_ptr()),
                                ctypes.byref(slots), _i64(pos), buf, work, ctypes.c_int(threads))
             cache.offset = pos + 1

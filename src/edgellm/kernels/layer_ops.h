@@ -30,6 +30,30 @@ static inline void bf16_gemv(const uint16_t *w, const float *x, int64_t n, int64
     }
 }
 
+/* Sizes every decoder layer shares; the first member of each architecture's layer struct. */
+typedef struct {
+    int64_t hidden, n_heads, n_kv, head_dim, inter, max_len;
+    float eps, scale;
+} LayerDims;
+
+/* One layer's scratch, carved out of one float buffer of edgellm_layer_floats(D) floats. */
+typedef struct {
+    float *n, *qkv, *att, *proj, *gu, *act, *scores;
+} LayerBuffers;
+
+static inline LayerBuffers layer_buffers(const LayerDims *D, float *buf) {
+    int64_t qd = D->n_heads * D->head_dim, kvd = D->n_kv * D->head_dim;
+    LayerBuffers B;
+    B.n = buf;
+    B.qkv = B.n + D->hidden;
+    B.att = B.qkv + qd + 2 * kvd;
+    B.proj = B.att + qd;
+    B.gu = B.proj + D->hidden;
+    B.act = B.gu + 2 * D->inter;
+    B.scores = B.act + D->inter;
+    return B;
+}
+
 /* Where this layer's keys and values live: (Hkv, capacity, D) fp32 stores. A dense cache
    holds positions 0..pos at slots 0..pos (slot_pos = NULL); a ring of `capacity` = window
    slots holds position p at slot p % capacity, with slot_pos[] naming each slot's position
@@ -113,4 +137,21 @@ static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int
             for (int64_t i = 0; i < d; i++) o[i] += p * v[t * d + i];
         }
     }
+}
+
+/* After q, k, v in B->qkv are final: store k, v, attend, and project: B->proj = W_o attn. */
+static inline void attention_out(const LayerDims *D, const Int4Weight *o, KVSlots *cache, int64_t pos,
+                                 const LayerBuffers *B, void *work, int threads) {
+    int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d;
+    int64_t slots = kv_write(cache, B->qkv + qd, B->qkv + qd + kvd, D->n_kv, d, pos);
+    attend(cache, B->qkv, D->n_heads, D->n_kv, d, D->scale, slots, pos, B->scores, B->att, threads);
+    gemv(o, B->att, B->proj, work, threads);
+}
+
+/* B->proj = W_down (act(W_gate m) * W_up m) for m in B->n (gate and up fused, gate first). */
+static inline void gated_mlp(const LayerDims *D, const Int4Weight *gate_up, const Int4Weight *down,
+                             float (*act)(float), const LayerBuffers *B, void *work, int threads) {
+    gemv(gate_up, B->n, B->gu, work, threads);
+    for (int64_t i = 0; i < D->inter; i++) B->act[i] = act(B->gu[i]) * B->gu[D->inter + i];
+    gemv(down, B->act, B->proj, work, threads);
 }

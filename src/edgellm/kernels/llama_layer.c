@@ -14,41 +14,30 @@
 #include "layer_ops.h"
 
 typedef struct {
-    int64_t hidden, n_heads, n_kv, head_dim, inter, max_len;
-    float eps, scale;
+    LayerDims dims;
     const float *attn_norm, *mlp_norm, *qkv_bias;  /* qkv_bias may be NULL */
     Int4Weight qkv, o, gate_up, down;
 } LlamaLayer;
 
-int64_t edgellm_llama_layer_floats(const LlamaLayer *L) {
-    int64_t qd = L->n_heads * L->head_dim, kvd = L->n_kv * L->head_dim;
-    return L->hidden * 2 + qd * 2 + 2 * kvd + 3 * L->inter + L->n_heads * L->max_len;
-}
+static inline float silu(float g) { return g / (1.f + expf(-g)); }
 
-/* x (hidden) is updated in place. `buf` holds edgellm_llama_layer_floats(L) floats; `work`
+/* x (hidden) is updated in place. `buf` holds edgellm_layer_floats(&L->dims) floats; `work`
    is edgellm_int4_gemv's scratch. */
 void edgellm_llama_layer(const LlamaLayer *L, float *x, const float *cos, const float *sin, KVSlots *cache,
                          int64_t pos, float *buf, void *work, int threads) {
-    int64_t d = L->head_dim, qd = L->n_heads * d, kvd = L->n_kv * d;
-    float *n = buf, *qkv = n + L->hidden, *att = qkv + qd + 2 * kvd, *proj = att + qd;
-    float *gu = proj + L->hidden, *act = gu + 2 * L->inter, *scores = act + L->inter;
+    const LayerDims *D = &L->dims;
+    int64_t d = D->head_dim, width = (D->n_heads + 2 * D->n_kv) * d;
+    LayerBuffers B = layer_buffers(D, buf);
 
-    rms_norm(x, L->attn_norm, L->hidden, L->eps, n);
-    gemv(&L->qkv, n, qkv, work, threads);
+    rms_norm(x, L->attn_norm, D->hidden, D->eps, B.n);
+    gemv(&L->qkv, B.n, B.qkv, work, threads);
     if (L->qkv_bias)
-        for (int64_t i = 0; i < qd + 2 * kvd; i++) qkv[i] += L->qkv_bias[i];
-    for (int64_t h = 0; h < L->n_heads + L->n_kv; h++) rope(qkv + h * d, cos, sin, d);
-    int64_t slots = kv_write(cache, qkv + qd, qkv + qd + kvd, L->n_kv, d, pos);
-    attend(cache, qkv, L->n_heads, L->n_kv, d, L->scale, slots, pos, scores, att, threads);
-    gemv(&L->o, att, proj, work, threads);
-    for (int64_t i = 0; i < L->hidden; i++) x[i] += proj[i];
+        for (int64_t i = 0; i < width; i++) B.qkv[i] += L->qkv_bias[i];
+    for (int64_t h = 0; h < D->n_heads + D->n_kv; h++) rope(B.qkv + h * d, cos, sin, d);
+    attention_out(D, &L->o, cache, pos, &B, work, threads);
+    for (int64_t i = 0; i < D->hidden; i++) x[i] += B.proj[i];
 
-    rms_norm(x, L->mlp_norm, L->hidden, L->eps, n);
-    gemv(&L->gate_up, n, gu, work, threads);
-    for (int64_t i = 0; i < L->inter; i++) {
-        float g = gu[i];
-        act[i] = g / (1.f + expf(-g)) * gu[L->inter + i];
-    }
-    gemv(&L->down, act, proj, work, threads);
-    for (int64_t i = 0; i < L->hidden; i++) x[i] += proj[i];
+    rms_norm(x, L->mlp_norm, D->hidden, D->eps, B.n);
+    gated_mlp(D, &L->gate_up, &L->down, silu, &B, work, threads);
+    for (int64_t i = 0; i < D->hidden; i++) x[i] += B.proj[i];
 }
