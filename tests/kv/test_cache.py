@@ -142,3 +142,16 @@ def test_bad_kv_config_is_rejected():
         KVConfig(k_precision="int3")
     with pytest.raises(InvalidRequest):
         KVConfig(max_tokens=10, sinks=4, block_size=32)
+
+
+def test_ring_cache_fresh_prefill_sees_only_itself():
+    window = 8
+    manager = KVManager([LayerSpec(HEADS, DIM, window, None)], KVConfig(block_size=4), context_length=4096)
+    seq, _ = manager.new_sequence()
+    k_all, v_all = _positions_kv(0, 12), _positions_kv(0, 12)
+    keys, values, vis = seq[0].update_and_fetch(k_all[:, :, :5], v_all[:, :, :5])
+    assert vis == CAUSAL and keys.shape[2] == 5  # no empty slots to mask out
+    keys, values, vis = seq[0].update_and_fetch(k_all[:, :, 5:12], v_all[:, :, 5:12])  # then a chunk
+    for row, pos in enumerate(range(5, 12)):
+        seen = sorted(int(p) for p in keys[0, 0, vis[row], 0].tolist())
+        assert seen == list(range(max(0, pos - window + 1), pos + 1))

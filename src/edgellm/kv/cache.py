@@ -119,12 +119,18 @@ class RingCache:
         if t == 1:
             self._write(k, v, q_pos)
             keys, values, k_pos = self.k.read(self.window), self.v.read(self.window), self.positions
+        elif self.offset == 0:  # a fresh prefill sees only itself
+            self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
+            self.offset = t
+            keys, values, k_pos = k.float(), v.float(), q_pos
+            if t <= self.window:
+                return keys, values, CAUSAL
         else:  # a chunk may span more than the window: attend over old slots + the chunk
             keys = torch.cat((self.k.read(self.window), k.float()), dim=2)
             values = torch.cat((self.v.read(self.window), v.float()), dim=2)
             k_pos = torch.cat((self.positions, q_pos))
             self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
-        self.offset += t
+        self.offset = int(q_pos[-1]) + 1
         visible = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (q_pos[:, None] - k_pos[None, :] < self.window)
         return keys, values, (None if t == 1 and bool(visible.all()) else visible)
 

@@ -73,6 +73,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.qkv_proj = w.linear(f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight")
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
+        self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
         self.q_norm = RMSNorm(w.vector(f"{prefix}.attn_q_norm.weight"), cfg.rms_eps)
         self.k_norm = RMSNorm(w.vector(f"{prefix}.attn_k_norm.weight"), cfg.rms_eps)
         self.scale = cfg.query_pre_attn_scalar ** -0.5
@@ -85,7 +86,7 @@ class Attention(nn.Module):
         k = apply_rotary(self.k_norm(qkv[:, :, self.n_heads:-self.n_kv_heads]), *rope).transpose(1, 2)
         v = qkv[:, :, -self.n_kv_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         k, v, visibility = cache.update_and_fetch(k, v)
-        out = attention(q, k, v, visibility, scale=self.scale)
+        out = attention(q, k, v, visibility, scale=self.scale, native=self.native)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

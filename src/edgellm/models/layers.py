@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgellm import kernels
+
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x²) + eps) · w, in fp32 (the residual stream's dtype) whatever x's."""
@@ -53,14 +55,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, scale: float,
+              native: bool = False) -> torch.Tensor:
     """Attention of new queries q (B, Hq, T, D) over cached keys k, v (B, Hkv, S, D).
 
     `visibility` comes from the cache: None (all keys), CAUSAL (a fresh prefill: the flash
     kernel's own causal path skips the masked half) or a (T, S) bool mask. For a batch of
-    sequences (LayerBatch) k, v and visibility are lists, one per sequence."""
+    sequences (LayerBatch) k, v and visibility are lists, one per sequence. `native` (fast
+    mode) sends prompt chunks to kernels/attention.c; decode steps are already native or tiny."""
     if isinstance(k, list):
-        return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale) for i in range(len(k))])
+        return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale, native=native)
+                          for i in range(len(k))])
+    if native and q.shape[2] > 1 and kernels.available() and kernels.attention_supports(q, k):
+        return kernels.attention(q, k, v, scale, None if isinstance(visibility, str) else visibility)
     if isinstance(visibility, str):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)

@@ -74,6 +74,7 @@ class Attention(nn.Module):
         self.qkv_proj = w.linear(*names, rows=rows)  # fused q, k, v
         self.qkv_bias = w.bias(*(n.replace(".weight", ".bias") for n in names))  # Qwen2 has one
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
+        self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
@@ -87,7 +88,7 @@ class Attention(nn.Module):
         k = qk[:, :, self.n_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         v = qkv[:, :, self.n_heads + self.n_kv_heads:].transpose(1, 2)
         k, v, visibility = cache.update_and_fetch(k, v)
-        out = attention(q, k, v, visibility, scale=self.scale)
+        out = attention(q, k, v, visibility, scale=self.scale, native=self.native)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

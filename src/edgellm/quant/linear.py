@@ -38,6 +38,9 @@ _INT4_N_MULTIPLE = 16
 # and concatenating equals packing the whole matrix, without an int32 copy of
 # all of q at once.
 _PACK_ROWS = 4096
+# From this many activation rows on (counting each plane's pass), unpacking the weight to bf16
+# and running the bf16 GEMM beats the INT4 kernel (measured: docs/performance.md, step 10).
+UNPACK_ROWS = 32
 
 
 class DenseLinear(nn.Module):
@@ -153,6 +156,10 @@ class Int4Linear(nn.Module):
                                   self.planes)
             return y.reshape(*lead, self.out_features)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
+        if self.native and x2.shape[0] * self.planes >= UNPACK_ROWS:
+            # prompt: unpack to a bf16 scratch and run the bf16 GEMM, ~3x the INT4 kernel here
+            wt = kernels.int4_unpack_bf16(self.packed, self.scale_zero, self.group, self.planes)  # (K, N)
+            return torch.mm(x2, wt).reshape(*lead, self.out_features)
         x2 = x2.repeat(1, self.planes) if self.planes > 1 else x2.contiguous()  # (M, planes·K)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x2, self.packed, self.group, self.scale_zero

@@ -1,0 +1,79 @@
+"""Prompt-time native kernels against references: unpacking packed INT4 to bf16 for the GEMM
+(kernels/dequant.c) and chunk attention (kernels/attention.c)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgellm import kernels
+from edgellm.quant.linear import UNPACK_ROWS, Int4Linear
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs AVX-512 VNNI and a C compiler")
+
+
+def _layer(n: int, k: int, planes: int, group: int, seed: int = 0) -> Int4Linear:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, planes * k), dtype=torch.uint8, generator=g)
+    scale = torch.rand(n, planes * k // group, generator=g) * 0.02 + 1e-3
+    zero = torch.randn(n, planes * k // group, generator=g) * 0.01
+    return Int4Linear(q, scale, zero, planes=planes, group=group)
+
+
+@pytest.mark.parametrize("n, k, planes, group", [(64, 64, 1, 32), (960, 576, 1, 32), (576, 1536, 1, 64),
+                                                 (256, 640, 2, 32), (192, 256, 1, 128)])
+def test_unpacked_weight_is_the_one_torchs_kernel_multiplies(n, k, planes, group):
+    layer = _layer(n, k, planes, group)
+    wt = kernels.int4_unpack_bf16(layer.packed, layer.scale_zero, group, planes).clone()
+    assert wt.shape == (k, n) and wt.dtype == torch.bfloat16
+    # the identity through torch's own INT4 kernel reads out its weight, transposed
+    eye = torch.eye(k, dtype=torch.bfloat16).repeat(1, planes)
+    theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, group, layer.scale_zero)
+    # identical but where (q - 8)·s + z nearly cancels and fp32 operation order shows
+    assert (wt.float() - theirs.float()).abs().max() < 1e-4 * theirs.float().abs().max()
+    assert (wt != theirs).float().mean() < 1e-3
+
+
+def test_prompt_sized_inputs_take_the_bf16_gemm_and_agree_with_the_int4_kernel():
+    layer = _layer(512, 640, 2, 32, seed=1)
+    x = torch.randn(UNPACK_ROWS, 640)
+    ours = layer(x)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (UNPACK_ROWS, 512)
+    theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16().repeat(1, 2), layer.packed, 32,
+                                                        layer.scale_zero)
+    assert (ours.float() - theirs.float()).abs().max() < 2e-2 * theirs.float().abs().max()
+
+
+def _reference(q, k, v, scale, mask):
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=scale,
+                                          enable_gqa=True)
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim, t, s", [
+    (9, 3, 64, 130, 130),     # SmolLM2: a fresh causal prefill
+    (4, 1, 256, 70, 70),      # Gemma 3: four query heads per KV head
+    (9, 3, 64, 7, 100),       # a chunk after a cached prefix
+    (18, 2, 32, 33, 33),      # nine heads per KV head: more than one row block per head group
+    (2, 2, 128, 1, 17),       # plain multi-head, one query
+])
+def test_attention_matches_fp64_causal_and_masked(heads, kv_heads, dim, t, s):
+    g = torch.Generator().manual_seed(heads * t + s)
+    q = (torch.randn(1, t, heads, dim, generator=g) * 2).transpose(1, 2)  # a strided view, as the models pass
+    k, v = torch.randn(2, 1, kv_heads, s, dim, generator=g)
+    causal = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+    ours = kernels.attention(q, k, v, 0.125, None)
+    assert ours.shape == (1, heads, t, dim)
+    assert (ours.double() - _reference(q, k, v, 0.125, causal)).abs().max() < 1e-4
+    mask = torch.rand(t, s, generator=g) < 0.3
+    mask[:, 3] = True
+    ours = kernels.attention(q, k, v, 0.125, mask)
+    assert (ours.double() - _reference(q, k, v, 0.125, mask)).abs().max() < 1e-4
+
+
+def test_attention_softmax_survives_large_scores():
+    q = torch.full((1, 2, 4, 64), 30.0)
+    k, v = torch.randn(2, 1, 1, 4, 64, generator=torch.Generator().manual_seed(5)) * 5
+    ours = kernels.attention(q, k, v, 1.0, None)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    assert torch.isfinite(ours).all()
+    assert (ours.double() - _reference(q, k, v, 1.0, causal)).abs().max() < 1e-4
