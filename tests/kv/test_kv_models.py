@@ -109,4 +109,10 @@ def test_int8_kv_stays_close_to_bf16_kv(name):
             top1 = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
             print(f"\n{name} {precision} KV vs bf16 KV: mean KL {kl:.4f}, top-1 {top1:.4f}")
             if precision == "int8":
-                assert kl <= 0.01 and top1 >= 0.98
+                # top-1 over all positions moves ±0.5 % with any change of float order (near-ties:
+                # 97.4-98.4 % measured at the same KL); where the reference is decided by half a
+                # logit or more, INT8 KV must never flip it
+                top2 = ref.topk(2, dim=-1).values
+                decided = top2[..., 0] - top2[..., 1] >= 0.5
+                assert kl <= 0.01 and top1 >= 0.97
+                assert (out.argmax(-1) == ref.argmax(-1))[decided].float().mean().item() >= 0.995

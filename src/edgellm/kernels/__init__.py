@@ -7,7 +7,8 @@ AVX-512 VNNI integer dot products. The C source is built with the system compile
 and the CPU; machines without a compiler, AVX-512 VNNI or torch's AVX-512 packing simply
 keep torch's kernel. `int4_unpack_bf16` (dequant.c) unpacks the same bytes into a bf16 scratch
 weight for prompts, where the bf16 GEMM is ~3x the INT4 kernel; `attention` (attention.c) runs a
-prompt chunk's attention ~2-4x faster than PyTorch's flash kernel here. EDGELLM_KERNELS=0 turns the native path off. `q8_0_gemv` multiplies by
+prompt chunk's attention ~2-4x faster than PyTorch's flash kernel here; `gated_act` (act.c) is the
+gated MLP's act(gate)·up in one pass. EDGELLM_KERNELS=0 turns the native path off. `q8_0_gemv` multiplies by
 a GGUF Q8_0 weight straight from the model file (the tied heads, quant/q8.py). llama_layer.c
 runs a whole Llama decoder layer for one token on these kernels, gemma3_layer.c a Gemma 3
 one (see decode.py)."""
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
-_SOURCES = ("int4_gemv.c", "dequant.c", "attention.c", "layer_ops.h", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
+_SOURCES = ("int4_gemv.c", "dequant.c", "attention.c", "act.c", "vec_math.h", "layer_ops.h", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
 
 
 def _cpu_flags() -> set[str]:
@@ -85,6 +86,8 @@ def _library() -> ctypes.CDLL | None:
     lib.edgellm_int4_unpack_bf16.restype = lib.edgellm_attention.restype = None
     lib.edgellm_attention.argtypes = [p, i64, i64, p, p, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, p, p, i]
     lib.edgellm_attention_work.restype = i64
+    lib.edgellm_gated_act_bf16.restype = None
+    lib.edgellm_gated_act_bf16.argtypes = [p, i64, i64, i, p, i]
     lib.edgellm_attention_work.argtypes = [i64, i64, i64, i]
     lib.edgellm_int4_unpack_bf16.argtypes = [p, p, i64, i64, i64, i, p, i]
     return lib
@@ -179,3 +182,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, m
                               k.stride(2), t, s, h, hkv, d, scale, mask_ptr, out.data_ptr(), work.data_ptr(),
                               threads)
     return out.transpose(1, 2)
+
+
+_ACT_CODES = {"silu": 0, "gelu_tanh": 1}
+GATED_ACT_MIN_ROWS = 2  # one row (a decode step off the native layer) is cheaper in PyTorch
+
+
+def gated_act_supports(gate_up: torch.Tensor) -> bool:
+    rows = gate_up.numel() // gate_up.shape[-1]
+    return available() and gate_up.shape[-1] % 32 == 0 and rows >= GATED_ACT_MIN_ROWS
+
+
+def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up for a fused (..., 2I) bf16 gate|up, as (..., I) bf16."""
+    inter = gate_up.shape[-1] // 2
+    gate_up = gate_up.contiguous()
+    rows = gate_up.numel() // gate_up.shape[-1]
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=torch.bfloat16)
+    with profiled("edgellm::gated_act"):
+        _library().edgellm_gated_act_bf16(gate_up.data_ptr(), rows, inter, _ACT_CODES[activation], out.data_ptr(),
+                                          torch.get_num_threads())
+    return out

@@ -14,23 +14,14 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "vec_math.h"
+
 #define ROWS 8 /* query rows per block */
 
-/* e^x for x <= 0 (scores minus their max): 2^(x log2 e) = 2^n * 2^f, degree-6 polynomial on
-   f in [-0.5, 0.5], relative error ~2e-7; lanes below -80 become exactly 0. */
+/* e^x for x <= 0 (scores minus their max); lanes below -80 become exactly 0 (masked keys). */
 static inline __m512 exp_nonpositive(__m512 x) {
     __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-80.f), _CMP_GT_OQ);
-    __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-80.f)), _mm512_set1_ps(1.44269504f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.540353e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550411e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+    return _mm512_maskz_mov_ps(keep, exp_ps(x));
 }
 
 typedef struct {

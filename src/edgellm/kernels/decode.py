@@ -12,7 +12,6 @@ import ctypes
 import math
 
 import torch
-import torch.nn.functional as F
 
 from edgellm import kernels
 from edgellm.kv.cache import DenseCache, RingCache
@@ -84,13 +83,13 @@ class FusedDecoder:
 
     @classmethod
     def build(cls, net, max_len: int) -> FusedDecoder | None:
-        activation = F.silu if net.config.architecture != "gemma3" else None
+        activation = "gelu_tanh" if net.config.architecture == "gemma3" else "silu"
         if net.config.head_dim % 16:
             return None  # the attention dot product works in 16-float vectors
         for block in net.blocks:
             if not all(_native(m) for m in _linears(block)):
                 return None
-            if activation is not None and block.mlp.activation is not activation:
+            if block.mlp.activation != activation:
                 return None
         return cls(net, max_len) if kernels.library() is not None else None
 

@@ -10,13 +10,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-/* fp32 -> bf16, round to nearest even (by hand: AVX-512 BF16 is not required). */
-static inline __m256i to_bf16(__m512 f) {
-    __m512i bits = _mm512_castps_si512(f);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
-}
+#include "vec_math.h"
 
 /* Row block nb of Wt: columns [nb*64, nb*64 + 64) of every k. */
 static void unpack_block(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw,
@@ -47,7 +41,7 @@ static void unpack_block(const uint8_t *packed, const uint16_t *scale_zero, int6
         }
         uint16_t *dst = wt + k * n + nb * 64;
         for (int r = 0; r < 4; r++)
-            _mm256_storeu_si256((__m256i *)(dst + r * 16), to_bf16(out[r]));
+            _mm256_storeu_si256((__m256i *)(dst + r * 16), ps_to_bf16(out[r]));
     }
 }
 

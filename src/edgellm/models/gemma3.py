@@ -9,12 +9,10 @@ GGUF files store every Gemma norm weight as (1 + w), so the plain RMSNorm applie
 from __future__ import annotations
 
 import math
-from functools import partial
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edgellm.kernels.decode import fused_step
@@ -99,7 +97,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, w, p, self.sliding)
         self.post_attn_norm = RMSNorm(w.vector(f"{p}.post_attention_norm.weight"), eps)
         self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), eps)
-        self.mlp = GatedMLP(w, p, partial(F.gelu, approximate="tanh"))
+        self.mlp = GatedMLP(w, p, "gelu_tanh")
         self.post_mlp_norm = RMSNorm(w.vector(f"{p}.post_ffw_norm.weight"), eps)
 
     def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """Layers shared by every architecture: RMSNorm, rotary embeddings, attention over a cache."""
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,15 +75,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)
 
 
-class GatedMLP(nn.Module):
-    """down(act(gate(x)) ⊙ up(x)), gate and up fused into one matmul at load time."""
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 
-    def __init__(self, w, prefix: str, activation):
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) ⊙ up(x)), gate and up fused into one matmul at load time.
+
+    `activation` names one of ACTIVATIONS; a prompt's bf16 gate|up (fast mode) goes through
+    kernels/act.c in one pass instead of three ops."""
+
+    def __init__(self, w, prefix: str, activation: str):
         super().__init__()
         self.gate_up_proj = w.linear(f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight")
         self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
         self.activation = activation
+        self._act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.activation(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        if gate_up.dtype == torch.bfloat16 and kernels.gated_act_supports(gate_up):
+            return self.down_proj(kernels.gated_act(gate_up, self.activation))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(self._act(gate) * up)

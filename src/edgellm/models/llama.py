@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edgellm.kernels.decode import fused_step
@@ -99,7 +98,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), cfg.rms_eps)
         self.attn = Attention(cfg, w, p, permuted)
         self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), cfg.rms_eps)
-        self.mlp = GatedMLP(w, p, F.silu)
+        self.mlp = GatedMLP(w, p, "silu")
 
     def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
         h = x + self.attn(self.attn_norm(x), rope, cache)
