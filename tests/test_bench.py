@@ -36,7 +36,7 @@ def test_bench_profile_lists_op_types(smollm2_path):
     result = _bench("--model", str(smollm2_path), "--profile", "--prompt-tokens", "16")
     assert result.returncode == 0, result.stderr
     # the native decoder layers and GEMV are named in the profile (kernels/), beside aten ops
-    assert "edgellm::decode_layer" in result.stdout and "edgellm::q8_0_gemv" in result.stdout  # the Q8_0 head
+    assert "edgellm::decode_layer" in result.stdout and "edgellm::block_gemv" in result.stdout  # the Q8_0 head, in place
     assert "per decode step" in result.stdout
 
 

@@ -36,15 +36,15 @@ def parse_bytes(text: str | int) -> int:
 
 def weight_bytes(source: GGUFFile) -> int:
     """Resident bytes of the weights as edgellm holds them in fast mode (see quant/linear.py):
-    4-bit formats packed, 5-8-bit ones as two planes, others bf16; the embedding stays mapped,
-    and a Q8_0 head is read in place from the file (quant/q8.py), all its pages resident."""
-    from edgellm.quant.q8 import Q8Linear
+    4-bit formats packed, Q8_0 / Q5_0 / Q6_K read in place from the file (quant/blocks.py, all their
+    pages resident), other 5-8-bit ones as two planes, others bf16; the embedding stays mapped."""
+    from edgellm.quant.blocks import BlockLinear
 
     total, head = 0, "output.weight" if "output.weight" in source.tensors else "token_embd.weight"
     for name, t in source.tensors.items():
         if name == "token_embd.weight" and head != name:
             continue  # looked up row by row from the mapping
-        if name == head and Q8Linear.supports(t.ggml_type, t.shape):
+        if BlockLinear.supports(t.ggml_type, t.shape):
             total += t.nbytes
             continue
         if len(t.shape) == 1:

@@ -18,7 +18,7 @@ from torch import nn
 from edgellm.quant.linear import DenseLinear, Int4Linear
 from edgellm.registry import cache_dir
 
-PACK_VERSION = 2  # 2: Q8_0 heads stay in the file (quant/q8.py), no longer cached as planes
+PACK_VERSION = 3  # 2: Q8_0 heads stay in the file; 3: so do all Q8_0 / Q5_0 linears (quant/blocks.py)
 
 
 def cache_key(path: str | Path, mode: str) -> str:

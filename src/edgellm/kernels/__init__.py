@@ -8,8 +8,8 @@ and the CPU; machines without a compiler, AVX-512 VNNI or torch's AVX-512 packin
 keep torch's kernel. `int4_unpack_bf16` (dequant.c) unpacks the same bytes into a bf16 scratch
 weight for prompts, where the bf16 GEMM is ~3x the INT4 kernel; `attention` (attention.c) runs a
 prompt chunk's attention ~2-4x faster than PyTorch's flash kernel here; `gated_act` (act.c) is the
-gated MLP's act(gate)·up in one pass. EDGELLM_KERNELS=0 turns the native path off. `q8_0_gemv` multiplies by
-a GGUF Q8_0 weight straight from the model file (the tied heads, quant/q8.py). llama_layer.c
+gated MLP's act(gate)·up in one pass. EDGELLM_KERNELS=0 turns the native path off. `block_gemv` (block_gemv.c)
+multiplies by GGUF Q8_0 / Q5_0 / Q6_K weights straight from the model file (quant/blocks.py). llama_layer.c
 runs a whole Llama decoder layer for one token on these kernels, gemma3_layer.c a Gemma 3
 one (see decode.py)."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
-_SOURCES = ("int4_gemv.c", "dequant.c", "attention.c", "act.c", "vec_math.h", "layer_ops.h", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
+_SOURCES = ("int4_gemv.c", "block_gemv.c", "activations.h", "dequant.c", "attention.c", "act.c", "vec_math.h", "layer_ops.h", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
 
 
 def _cpu_flags() -> set[str]:
@@ -80,9 +80,10 @@ def _library() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError):
         return None
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.edgellm_int4_gemv.restype = lib.edgellm_q8_0_gemv.restype = None
+    lib.edgellm_int4_gemv.restype = lib.edgellm_block_gemv.restype = lib.edgellm_blocks_to_bf16.restype = None
     lib.edgellm_int4_gemv.argtypes = [p, i, i64, p, p, i64, i64, i64, p, p, i]
-    lib.edgellm_q8_0_gemv.argtypes = [p, i, i64, p, i64, p, p, i]
+    lib.edgellm_block_gemv.argtypes = [p, i, i64, p, i, i64, p, p, i]
+    lib.edgellm_blocks_to_bf16.argtypes = [p, i, i64, i64, p, i]
     lib.edgellm_int4_unpack_bf16.restype = lib.edgellm_attention.restype = None
     lib.edgellm_attention.argtypes = [p, i64, i64, p, p, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, p, p, i]
     lib.edgellm_attention_work.restype = i64
@@ -106,16 +107,26 @@ def profiled(label: str):
     return torch.profiler.record_function(label) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
 
 
-def q8_0_gemv(x: torch.Tensor, rows: torch.Tensor, k: int) -> torch.Tensor:
-    """y (M, N) fp32 = x (M, K) @ W^T for W given as GGUF Q8_0 rows (N, K / 32 * 34) uint8."""
+def block_gemv(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    """y (M, N) fp32 = x (M, K) @ W^T for W given as N rows of GGUF Q8_0, Q5_0 or Q6_K blocks (uint8)."""
     m, n = x.shape[0], rows.shape[0]
     x = x.float().contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
     work = torch.empty(m * (k // 2) + 2 * m * (k // 32), dtype=torch.int32)
-    with profiled("edgellm::q8_0_gemv"):
-        _library().edgellm_q8_0_gemv(x.data_ptr(), m, k, rows.data_ptr(), n, y.data_ptr(), work.data_ptr(),
-                                     torch.get_num_threads())
+    with profiled("edgellm::block_gemv"):
+        _library().edgellm_block_gemv(x.data_ptr(), m, k, rows.data_ptr(), ggml_type, n, y.data_ptr(),
+                                      work.data_ptr(), torch.get_num_threads())
     return y
+
+
+def blocks_to_bf16(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """W (N, K) bf16 from N rows of GGUF Q8_0 / Q5_0 / Q6_K blocks, into `out` or else this thread's
+    scratch (valid until its next use)."""
+    n, rows = rows.shape[0], rows.contiguous()
+    w = out if out is not None else scratch_bf16(n * k).view(n, k)
+    with profiled("edgellm::blocks_to_bf16"):
+        _library().edgellm_blocks_to_bf16(rows.data_ptr(), ggml_type, n, k, w.data_ptr(), torch.get_num_threads())
+    return w
 
 
 def supports(n: int, k: int, group: int) -> bool:
@@ -139,6 +150,14 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, g
 _scratch = threading.local()
 
 
+def scratch_bf16(numel: int) -> torch.Tensor:
+    """This thread's reused bf16 buffer for one layer's dequantized weight."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _scratch.buffer = torch.empty(numel, dtype=torch.bfloat16)
+    return buffer[:numel]
+
+
 def int4_unpack_bf16(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int) -> torch.Tensor:
     """Wt (K, N) bf16: the dequantized weight of a packed (N, planes * K) INT4 layer, transposed.
 
@@ -146,10 +165,7 @@ def int4_unpack_bf16(packed: torch.Tensor, scale_zero: torch.Tensor, group: int,
     the model never holds more than one layer's bf16 weight."""
     n, kw = packed.shape[0], packed.shape[1] * 2
     ka = kw // planes
-    buffer = getattr(_scratch, "buffer", None)
-    if buffer is None or buffer.numel() < n * ka:
-        buffer = _scratch.buffer = torch.empty(n * ka, dtype=torch.bfloat16)
-    wt = buffer[:n * ka].view(ka, n)
+    wt = scratch_bf16(n * ka).view(ka, n)
     with profiled("edgellm::int4_unpack_bf16"):
         _library().edgellm_int4_unpack_bf16(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes,
                                             wt.data_ptr(), torch.get_num_threads())

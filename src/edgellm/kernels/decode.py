@@ -2,8 +2,8 @@
 ~70 eager ops per layer.
 
 It applies when everything the C layers assume holds: one sequence, one new token, every
-projection on edgellm's INT4 kernel (`Int4Linear.native`) or dense bf16, the architecture's own MLP
-activation, and fp32 KV stores (the default KVConfig; dense, or Gemma's sliding rings).
+projection on edgellm's INT4 kernel (`Int4Linear.native`), on GGUF blocks in place
+(`BlockLinear`) or dense bf16, the architecture's own MLP activation, and fp32 KV stores (the default KVConfig; dense, or Gemma's sliding rings).
 Otherwise `step` returns None and the model runs its PyTorch code — which stays the
 reference: tests/quant/test_decode.py checks that the two agree."""
 from __future__ import annotations
@@ -16,13 +16,23 @@ import torch
 from edgellm import kernels
 from edgellm.kv.cache import DenseCache, RingCache
 from edgellm.kv.codecs import FloatCodec
+from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.linear import DenseLinear, Int4Linear
 
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
-class _Int4Weight(ctypes.Structure):
-    _fields_ = [("packed", _p), ("scale_zero", _p), ("n", _i64), ("kw", _i64), ("ka", _i64), ("group", _i64)]
+_WEIGHT_INT4, _WEIGHT_BF16 = -1, -2  # else a ggml block type read in place (layer_ops.h)
+_MAX_PARTS = 3
+
+
+class _WeightPart(ctypes.Structure):
+    _fields_ = [("kind", _i64), ("data", _p), ("scale_zero", _p), ("n", _i64), ("kw", _i64), ("ka", _i64),
+                ("group", _i64)]
+
+
+class _Projection(ctypes.Structure):
+    _fields_ = [("parts", _WeightPart * _MAX_PARTS), ("count", _i64)]
 
 
 class _KVSlots(ctypes.Structure):
@@ -34,7 +44,7 @@ class _LayerDims(ctypes.Structure):
                 ("max_len", _i64), ("eps", _f32), ("scale", _f32)]
 
 
-_WEIGHTS = [("qkv", _Int4Weight), ("o", _Int4Weight), ("gate_up", _Int4Weight), ("down", _Int4Weight)]
+_WEIGHTS = [("qkv", _Projection), ("o", _Projection), ("gate_up", _Projection), ("down", _Projection)]
 
 
 class _LlamaLayer(ctypes.Structure):
@@ -46,15 +56,23 @@ class _GemmaLayer(ctypes.Structure):
                                           "q_norm", "k_norm")] + _WEIGHTS
 
 
-def _weight(linear) -> _Int4Weight:
-    if isinstance(linear, DenseLinear):  # bf16 (N, K), e.g. Gemma's Q6_K projections
-        return _Int4Weight(linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
-                           linear.in_features, 0)
-    return _Int4Weight(linear.packed.data_ptr(), linear.scale_zero.data_ptr(), linear.out_features,
-                       linear.planes * linear.in_features, linear.in_features, linear.group)
+def _weight(linear) -> _Projection:
+    if isinstance(linear, BlockLinear):
+        parts = [_WeightPart(t, rows.data_ptr(), None, rows.shape[0], linear.in_features, linear.in_features, 32)
+                 for rows, t in zip(linear.rows, linear.types)]
+    elif isinstance(linear, DenseLinear):  # bf16 (N, K), e.g. Gemma's Q6_K projections
+        parts = [_WeightPart(_WEIGHT_BF16, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
+                             linear.in_features, 0)]
+    else:
+        parts = [_WeightPart(_WEIGHT_INT4, linear.packed.data_ptr(), linear.scale_zero.data_ptr(),
+                             linear.out_features, linear.planes * linear.in_features, linear.in_features,
+                             linear.group)]
+    return _Projection((_WeightPart * _MAX_PARTS)(*parts), len(parts))
 
 
 def _native(linear) -> bool:
+    if isinstance(linear, BlockLinear):
+        return len(linear.types) <= _MAX_PARTS
     if isinstance(linear, DenseLinear):
         return linear.compute_dtype == torch.bfloat16 and linear.in_features % 16 == 0
     return isinstance(linear, Int4Linear) and linear.native

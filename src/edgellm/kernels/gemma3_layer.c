@@ -8,7 +8,7 @@
 typedef struct {
     LayerDims dims;
     const float *attn_norm, *post_attn_norm, *mlp_norm, *post_mlp_norm, *q_norm, *k_norm;
-    Int4Weight qkv, o, gate_up, down;
+    Projection qkv, o, gate_up, down;
 } GemmaLayer;
 
 static inline float gelu_tanh(float g) {

@@ -5,8 +5,7 @@
    row i in the low nibble and row 32 + i in the high nibble. Per group of `group` k's and per
    row, `scale_zero` holds bf16 (scale, zero): w = (q - 8) * scale + zero.
 
-   Activations are quantized per group to int16 (error ~ 1/65534 of the group's max, well
-   under bf16's 1/256), so the inner loop is integer multiply-adds (vpdpwssd: two int16
+   Activations are quantized per group to int16 (activations.h), so the inner loop is integer multiply-adds (vpdpwssd: two int16
    products per int32 lane) and each group ends with one float fma per row:
 
      y[n] = sum_g  scale[g][n] * dx[g] * sum_{k in g} q[n][k] * qx[k]
@@ -20,31 +19,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "activations.h"
+
 #define MAX_M 4
 
 int edgellm_int4_supported(void) { return 1; }
-
-/* Quantize x[m][0..k) per group: qx as (k/2) int32 words of two int16, dx and sums per group. */
-static void quantize_activations(const float *x, int64_t k, int64_t group, int32_t *qx_pairs,
-                                 float *dx, float *sums) {
-    for (int64_t g = 0; g < k / group; g++) {
-        const float *xs = x + g * group;
-        float amax = 0.f, sum = 0.f;
-        for (int64_t i = 0; i < group; i++) {
-            float a = fabsf(xs[i]);
-            amax = a > amax ? a : amax;
-            sum += xs[i];
-        }
-        float d = amax > 0.f ? amax / 32767.f : 1.f;
-        float inv = 1.f / d;
-        for (int64_t i = 0; i < group; i += 2) {
-            int32_t lo = (int32_t)lrintf(xs[i] * inv), hi = (int32_t)lrintf(xs[i + 1] * inv);
-            qx_pairs[(g * group + i) / 2] = (lo & 0xFFFF) | (hi << 16);
-        }
-        dx[g] = d;
-        sums[g] = sum;
-    }
-}
 
 /* Rows [nb*64, nb*64 + 64) of y for m rows of activations. */
 static void block64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw,
@@ -114,38 +93,4 @@ void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed,
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t nb = 0; nb < blocks; nb++)
         block64(packed, scale_zero, n, kw, group, ka, nb, m, qx, dx, sums, y);
-}
-
-
-/* y[m][n] = x[m][k] @ W^T for W in GGUF Q8_0 blocks, read straight from the model file: per
-   row, k / 32 blocks of 34 bytes (fp16 d, then 32 int8 q), w = d * q. Activations as above
-   (int16 per 32); per block, 16 int32 lanes of vpdpwssd become one float fma with d * dx.
-   `work` holds m * (k / 2) int32 + 2 * m * k / 32 floats. */
-void edgellm_q8_0_gemv(const float *x, int m, int64_t k, const uint8_t *blocks, int64_t n, float *y, void *work,
-                       int threads) {
-    int32_t *qx = (int32_t *)work;
-    float *dx = (float *)(qx + m * (k / 2));
-    float *sums = dx + m * (k / 32);
-    for (int i = 0; i < m; i++)
-        quantize_activations(x + i * k, k, 32, qx + i * (k / 2), dx + i * (k / 32), sums + i * (k / 32));
-    int64_t nblocks = k / 32, row_bytes = nblocks * 34;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; r++) {
-        const uint8_t *row = blocks + r * row_bytes;
-        __m512 acc[MAX_M];
-        for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nblocks; b++) {
-            const uint8_t *block = row + b * 34;
-            uint16_t half;
-            memcpy(&half, block, 2);
-            float d = _cvtsh_ss(half);
-            __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(block + 2)));
-            for (int i = 0; i < m; i++) {
-                __m512i xq = _mm512_loadu_si512((const void *)(qx + i * (k / 2) + b * 16));
-                __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, xq);
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * dx[i * nblocks + b]), acc[i]);
-            }
-        }
-        for (int i = 0; i < m; i++) y[i * n + r] = _mm512_reduce_add_ps(acc[i]);
-    }
 }

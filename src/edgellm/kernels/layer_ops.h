@@ -8,13 +8,26 @@
 void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed, const uint16_t *scale_zero,
                        int64_t n, int64_t kw, int64_t group, float *y, void *work, int threads);
 
-/* A projection: torch-packed INT4 (scale_zero set), or a dense bf16 (n, ka) matrix in
-   `packed` (scale_zero NULL) for the GGUF types that have no exact INT4 form (Q6_K). */
+void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks, int type, int64_t n, float *y,
+                        void *work, int threads);
+
+/* One stored weight: torch-packed INT4 (kind WEIGHT_INT4, scale_zero set), a dense bf16 (n, ka)
+   matrix (WEIGHT_BF16: the GGUF types with no exact INT4 form, e.g. Q6_K), or GGUF Q8_0 / Q5_0
+   blocks read in place (kind = the ggml type number, block_gemv.c). */
+enum { WEIGHT_INT4 = -1, WEIGHT_BF16 = -2 };
 typedef struct {
-    const uint8_t *packed;
+    int64_t kind;
+    const uint8_t *data;
     const uint16_t *scale_zero;
     int64_t n, kw, ka, group;  /* kw = planes * ka */
-} Int4Weight;
+} WeightPart;
+
+/* A projection: up to three parts stacked along the output (fused q|k|v, gate|up). */
+#define MAX_PARTS 3
+typedef struct {
+    WeightPart parts[MAX_PARTS];
+    int64_t count;
+} Projection;
 
 /* y = W x for dense bf16 W (n, k), k % 16 == 0; rows split across threads. */
 static inline void bf16_gemv(const uint16_t *w, const float *x, int64_t n, int64_t k, float *y, int threads) {
@@ -81,12 +94,15 @@ static inline void rope(float *x, const float *cos, const float *sin, int64_t d)
     }
 }
 
-static inline void gemv(const Int4Weight *w, const float *x, float *y, void *work, int threads) {
-    if (!w->scale_zero) {
-        bf16_gemv((const uint16_t *)w->packed, x, w->n, w->ka, y, threads);
-        return;
+static inline void gemv(const Projection *w, const float *x, float *y, void *work, int threads) {
+    for (int64_t i = 0; i < w->count; i++) {
+        const WeightPart *p = &w->parts[i];
+        if (p->kind == WEIGHT_BF16) bf16_gemv((const uint16_t *)p->data, x, p->n, p->ka, y, threads);
+        else if (p->kind == WEIGHT_INT4)
+            edgellm_int4_gemv(x, 1, p->ka, p->data, p->scale_zero, p->n, p->kw, p->group, y, work, threads);
+        else edgellm_block_gemv(x, 1, p->ka, p->data, (int)p->kind, p->n, y, work, threads);
+        y += p->n;
     }
-    edgellm_int4_gemv(x, 1, w->ka, w->packed, w->scale_zero, w->n, w->kw, w->group, y, work, threads);
 }
 
 /* Store the new k, v (n_kv heads of d) for position pos; returns the slot count to scan. */
@@ -140,7 +156,7 @@ static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int
 }
 
 /* After q, k, v in B->qkv are final: store k, v, attend, and project: B->proj = W_o attn. */
-static inline void attention_out(const LayerDims *D, const Int4Weight *o, KVSlots *cache, int64_t pos,
+static inline void attention_out(const LayerDims *D, const Projection *o, KVSlots *cache, int64_t pos,
                                  const LayerBuffers *B, void *work, int threads) {
     int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d;
     int64_t slots = kv_write(cache, B->qkv + qd, B->qkv + qd + kvd, D->n_kv, d, pos);
@@ -149,7 +165,7 @@ static inline void attention_out(const LayerDims *D, const Int4Weight *o, KVSlot
 }
 
 /* B->proj = W_down (act(W_gate m) * W_up m) for m in B->n (gate and up fused, gate first). */
-static inline void gated_mlp(const LayerDims *D, const Int4Weight *gate_up, const Int4Weight *down,
+static inline void gated_mlp(const LayerDims *D, const Projection *gate_up, const Projection *down,
                              float (*act)(float), const LayerBuffers *B, void *work, int threads) {
     gemv(gate_up, B->n, B->gu, work, threads);
     for (int64_t i = 0; i < D->inter; i++) B->act[i] = act(B->gu[i]) * B->gu[D->inter + i];

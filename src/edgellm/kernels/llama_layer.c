@@ -16,7 +16,7 @@
 typedef struct {
     LayerDims dims;
     const float *attn_norm, *mlp_norm, *qkv_bias;  /* qkv_bias may be NULL */
-    Int4Weight qkv, o, gate_up, down;
+    Projection qkv, o, gate_up, down;
 } LlamaLayer;
 
 static inline float silu(float g) { return g / (1.f + expf(-g)); }

@@ -11,7 +11,7 @@ from edgellm.errors import ModelFormatError
 from edgellm.quant.embedding import QuantEmbedding
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.linear import make_fused_linear
-from edgellm.quant.q8 import Q8Linear
+from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.packed import QuantizedEmbedding, concat_linears, make_quantized_linear
 from edgellm.quant.schemes import QuantizedWeight
 
@@ -64,10 +64,13 @@ class Weights:
     def linear(self, *names: str, rows: Mapping[str, torch.Tensor] | None = None) -> torch.nn.Module:
         """One linear for one name; several names are fused along the output dimension."""
         key = "+".join(names)
+        rows = rows or {}
+        if self.mode == "fast" and all(self.has(n) and BlockLinear.supports(self._info(n).ggml_type, self._info(n).shape)
+                                       for n in names):
+            return BlockLinear([self._part(n, rows.get(n)) for n in names])  # the file's blocks, in place
         cached = self.cache.get(key) if self.cache is not None else None
         if cached is not None:
             return cached
-        rows = rows or {}
         quantized = [self._quantized(n, rows.get(n)) for n in names]
         if all(q is not None for q in quantized):
             return self._keep(key, names, make_quantized_linear(quantized, self.mode))
@@ -77,8 +80,6 @@ class Weights:
                        for n, q in zip(names, quantized)]
             return self._keep(key, names, concat_linears(linears))
         parts = [self._part(n, rows.get(n)) for n in names]
-        if self.mode == "fast" and len(parts) == 1 and not rows and Q8Linear.supports(parts[0][1], parts[0][2]):
-            return Q8Linear(parts[0][0], parts[0][2])  # the file's Q8_0 blocks, in place (the head)
         for n, (_, _, shape) in zip(names, parts):
             if len(shape) != 2:
                 raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
