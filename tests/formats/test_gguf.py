@@ -61,6 +61,37 @@ def test_crafted_file_loads_with_metadata_and_tensor_views(tmp_path):
     assert (tmp_path / "model.gguf").read_bytes() == craft(kv=kv)  # ... and private: the file is unchanged
 
 
+def _long_strings(strings: list[bytes]) -> bytes:
+    """A string-array value long enough for the reader's compact StringArray."""
+    return struct.pack("<IQ", 8, len(strings)) + b"".join(_string(t) for t in strings)
+
+
+def _vocab(n: int = 1500) -> list[bytes]:
+    return [f"tok{i}".encode() for i in range(n)] + ["é€😀".encode(), b"x" * 300]
+
+
+def test_long_string_arrays_read_compactly_and_equal_the_list(tmp_path):
+    strings = _vocab()
+    with open_gguf(_write(tmp_path, craft(kv=[("general.architecture", 8, _string("llama")),
+                                              ("tokens", 9, _long_strings(strings))]))) as f:
+        tokens = f.metadata["tokens"]
+    assert len(tokens) == len(strings) and tokens[-2] == "é€😀" and tokens[-1] == "x" * 300
+    assert tokens[0] == "tok0" and tokens[-3] == "tok1499" and tokens[1:3] == ["tok1", "tok2"]
+    assert list(tokens) == [t.decode() for t in strings] and tokens == [t.decode() for t in strings]
+    with pytest.raises(IndexError):
+        tokens[len(strings)]
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"ab\xc3", b"\xe2\x82"])  # invalid, and cut mid-character
+@pytest.mark.parametrize("where", [0, 700, -1])
+def test_invalid_utf8_in_a_long_string_array_is_a_format_error(tmp_path, bad, where):
+    strings = _vocab()
+    strings.insert(where if where >= 0 else len(strings), bad)
+    path = _write(tmp_path, craft(kv=[("general.architecture", 8, _string("llama")), ("tokens", 9, _long_strings(strings))]))
+    with pytest.raises(ModelFormatError, match="UTF-8"):
+        open_gguf(path)
+
+
 CORRUPTIONS = {
     "empty file": lambda: b"",
     "not gguf": lambda: b"PK\x03\x04" + b"\0" * 100,

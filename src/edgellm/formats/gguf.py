@@ -18,6 +18,7 @@ import torch
 
 from edgellm.errors import ModelFormatError
 from edgellm.formats.mapped import MappedFile, check_no_overlap
+from edgellm.formats.strings import StringArray
 from edgellm.quant.ggml import GGMLType, tensor_nbytes
 
 MAGIC = b"GGUF"
@@ -25,6 +26,8 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 _MAX_NESTING = 4
+_U64 = struct.Struct("<Q")
+_COMPACT_STRINGS = 1024  # string arrays this long (vocabularies, merges) are kept as StringArray
 
 # value_type -> (struct code, numpy dtype) for the fixed-size scalar types
 _SCALARS: dict[int, tuple[str, str]] = {
@@ -88,6 +91,22 @@ class _Cursor:
             return self.array(what, depth + 1)
         raise self.fail(f"{what} has unknown value type {vtype}")
 
+    def check_utf8(self, spans: np.ndarray, what: str) -> None:
+        # Fast path: the whole run at once. When every string is shorter than 128 bytes, the
+        # 8-byte length fields between them are ASCII, so a string cut mid-character still
+        # fails against its neighbour; otherwise, or on failure, each string is checked alone.
+        if int((spans[:, 1] - spans[:, 0]).max()) < 128:
+            try:
+                self.buf[int(spans[0, 0]):int(spans[-1, 1])].decode("utf-8")
+                return
+            except UnicodeDecodeError:
+                pass
+        for i, (start, end) in enumerate(spans.tolist()):
+            try:
+                self.buf[start:end].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise self.fail(f"{what}[{i}] is not valid UTF-8 ({e.reason})") from None
+
     def array(self, what: str, depth: int) -> Any:
         etype = self.scalar("I", what)
         count = self.scalar("Q", what)
@@ -98,7 +117,28 @@ class _Cursor:
             return values.astype(bool) if etype == 7 else values
         if count > self.size - self.pos:  # every element takes at least one byte
             raise self.fail(f"{what} claims {count} elements, more than the file can hold")
+        if etype == _STRING and count >= _COMPACT_STRINGS:
+            return self.strings(count, what)
         return [self.value(etype, f"{what}[{i}]", depth) for i in range(count)]
+
+    def strings(self, count: int, what: str) -> StringArray:
+        """A long string array (a vocabulary, merges) as one compact StringArray, each element
+        checked to be UTF-8 as string() does."""
+        buf, pos, size, length_at = self.buf, self.pos, self.size, _U64.unpack_from
+        starts, ends = [0] * count, [0] * count
+        for i in range(count):  # the hot loop of opening a file: kept to plain ints
+            if pos + 8 > size:
+                raise self.fail(f"truncated: {what}[{i}] at byte {pos}")
+            start = pos + 8
+            pos = start + length_at(buf, pos)[0]
+            starts[i], ends[i] = start, pos
+        if pos > size:
+            raise self.fail(f"truncated: {what} ends at byte {pos}, file has {size}")
+        self.pos = pos
+        spans = np.array([starts, ends], dtype=np.int64).T
+        if count:
+            self.check_utf8(spans, what)
+        return StringArray.from_spans(self.buf, spans)
 
 
 class GGUFFile(MappedFile):

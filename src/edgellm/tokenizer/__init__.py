@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache, partial
 from typing import Any
 
 from tokenizers import Tokenizer as Backend
 
 from edgellm.errors import TokenizerError
-from edgellm.tokenizer.build import load_or_build, token_bytes_table
+from edgellm.tokenizer.build import load_or_build, token_bytes
 from edgellm.tokenizer.vocab import TokenType, Vocab, read_vocab
 
 __all__ = ["Tokenizer", "TokenType"]
@@ -24,6 +24,8 @@ class Tokenizer:
         self._vocab = vocab
         self._backend = backend
         self._special_ids = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)
+        # computed per token when streamed (a table for 262k tokens would hold ~13 MB)
+        self._token_bytes = lru_cache(maxsize=8192)(partial(token_bytes, vocab))
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
@@ -97,12 +99,7 @@ class Tokenizer:
         """The raw bytes `token_id` stands for; may be part of a UTF-8 character, so a streaming
         detokenizer concatenates these and decodes only complete characters."""
         self._check_ids((token_id,))
-        return self._bytes_table[token_id]
-
-    @cached_property
-    def _bytes_table(self) -> list[bytes]:
-        # Built on first use: streaming needs it, plain encode/decode does not.
-        return token_bytes_table(self._vocab)
+        return self._token_bytes(token_id)
 
     def _check_ids(self, ids: Iterable[int]) -> None:
         n = self.vocab_size

@@ -215,19 +215,13 @@ def _byte_token_value(token: str) -> int | None:
     return None
 
 
-def token_bytes_table(vocab: Vocab) -> list[bytes]:
-    table: list[bytes] = []
-    byte_level = vocab.model == "gpt2"
-    for token, kind in zip(vocab.tokens, vocab.types):
-        if kind in (TokenType.CONTROL, TokenType.USER_DEFINED):
-            table.append(token.encode("utf-8"))
-        elif byte_level:
-            spelled = _byte_level_spelling(token)
-            table.append(bytes(_CHAR_TO_BYTE[c] for c in spelled))
-        elif kind == TokenType.BYTE and (value := _byte_token_value(token)) is not None:
-            table.append(bytes((value,)))
-        else:
-            table.append(token.replace(SPIECE_SPACE, " ").encode("utf-8"))
-    return table
-
-
+def token_bytes(vocab: Vocab, token_id: int) -> bytes:
+    """The raw bytes one token stands for."""
+    token, kind = vocab.tokens[token_id], vocab.types[token_id]
+    if kind in (TokenType.CONTROL, TokenType.USER_DEFINED):
+        return token.encode("utf-8")
+    if vocab.model == "gpt2":  # byte-level BPE
+        return bytes(_CHAR_TO_BYTE[c] for c in _byte_level_spelling(token))
+    if kind == TokenType.BYTE and (value := _byte_token_value(token)) is not None:
+        return bytes((value,))
+    return token.replace(SPIECE_SPACE, " ").encode("utf-8")

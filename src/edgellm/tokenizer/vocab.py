@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.errors import TokenizerError
+from edgellm.formats.strings import StringArray
 
 # Bump whenever the way a tokenizer is built changes, so stale cached builds are ignored.
 BUILD_VERSION = 1
@@ -32,10 +33,10 @@ class Vocab:
     model: str
     pre: str
     architecture: str
-    tokens: list[str]
+    tokens: Sequence[str]  # a list, or the GGUF reader's compact StringArray
     types: list[int]
     scores: np.ndarray | None
-    merges: list[str] | None
+    merges: Sequence[str] | None
     add_space_prefix: bool
     bos_id: int | None
     eos_id: int | None
@@ -76,19 +77,24 @@ def _numeric_array(metadata: Mapping[str, Any], key: str, n_tokens: int) -> np.n
     return array
 
 
+def _strings(value: Any) -> bool:
+    """A list of str, or the GGUF reader's compact StringArray (checked UTF-8 when read)."""
+    return isinstance(value, StringArray) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+
 def read_vocab(metadata: Mapping[str, Any]) -> Vocab:
     model = metadata.get("tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
         raise TokenizerError(f"unsupported tokenizer model {model!r} (supported: 'gpt2', 'llama')")
     tokens = metadata.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+    if not _strings(tokens) or not tokens:
         raise TokenizerError("tokenizer.ggml.tokens is missing or not a list of strings")
     n = len(tokens)
     types = _numeric_array(metadata, "tokenizer.ggml.token_type", n)
     # Plain ints: the per-token loops below are several times slower over numpy scalars.
     types = [int(TokenType.NORMAL)] * n if types is None else types.astype(np.int64).tolist()
     merges = metadata.get("tokenizer.ggml.merges")
-    if merges is not None and not (isinstance(merges, list) and all(isinstance(m, str) for m in merges)):
+    if merges is not None and not _strings(merges):
         raise TokenizerError("tokenizer.ggml.merges is not a list of strings")
     if model == "gpt2" and merges is None:
         raise TokenizerError("a 'gpt2' tokenizer needs tokenizer.ggml.merges")
