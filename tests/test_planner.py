@@ -26,15 +26,15 @@ def test_parse_bytes_rejects_nonsense():
 
 def test_kv_bytes_per_token_follow_the_formula(smollm2_path, gemma3_path):
     smol = {o.precision: o.bytes_per_token for o in plan_file(smollm2_path, "4GB").options}
-    assert smol["f32"] == 2 * 30 * 3 * 64 * 4  # 2 x layers x kv_heads x head_dim x bytes
+    assert smol["f16"] == 2 * 30 * 3 * 64 * 2  # 2 x layers x kv_heads x head_dim x bytes
     gemma = plan_file(gemma3_path, "4GB")
-    assert {o.precision: o.bytes_per_token for o in gemma.options}["f32"] == 2 * 3 * 1 * 256 * 4  # 3 global layers
-    assert gemma.context_length == 32768 and gemma.kv_precision == "f32"
+    assert {o.precision: o.bytes_per_token for o in gemma.options}["f16"] == 2 * 3 * 1 * 256 * 2  # 3 global layers
+    assert gemma.context_length == 32768 and gemma.kv_precision == "f16"
 
 
 def test_tight_budget_picks_lower_kv_precision_and_says_so(smollm2_path):
     result = plan_file(smollm2_path, "600MB")
-    assert result.fits and result.kv_precision in ("bf16", "int8", "int4")
+    assert result.fits and result.kv_precision in ("int8", "int4")
     assert result.context_length == 8192
     total = (result.runtime_bytes + result.weights_bytes + result.tokenizer_bytes + result.scratch_bytes
              + result.margin_bytes + result.kv_bytes)
@@ -49,7 +49,7 @@ def test_too_small_budget_does_not_fit_and_says_what_would(gemma3_path):
 
 def test_load_with_budget_enforces_it(smollm2_path):
     with edgellm.load(smollm2_path, memory_budget="600MB") as model:
-        assert model.kv.config.budget_bytes is not None and model.kv.config.k_precision != "f32"
+        assert model.kv.config.budget_bytes is not None and model.kv.config.k_precision != "f16"
         assert model.generate("Hello", max_tokens=4).finish_reason == "length"
     with pytest.raises(OutOfMemoryBudget):
         edgellm.load(smollm2_path, memory_budget="300MB")

@@ -18,7 +18,7 @@ from edgellm.quant.ggml import AFFINE_BITS, INT4_TYPES
 
 RUNTIME_BASELINE = 240 * 2**20  # Python + torch, measured 232 MB here (`edgellm bench` reports it)
 MARGIN = 0.10  # of the budget, for allocator slack and what estimates miss
-PRECISIONS = ("f32", "bf16", "int8", "int4")  # best quality first
+PRECISIONS = ("f16", "int8", "int4")  # best quality first (f32 KV doubles f16's bytes for ~no gain)
 MIN_USEFUL_CONTEXT = 512
 PREFILL_CHUNK = 512
 
@@ -158,9 +158,9 @@ def _choose(result: MemoryPlan, target: int, specs) -> None:
                              f"with int4 KV and {min(MIN_USEFUL_CONTEXT, target)} tokens it needs about "
                              f"{needed / 2**20:.0f} MiB — give it more memory or choose a smaller model")
     elif not full:
-        f32 = result.options[0]
-        result.advice.append(f"the full {target}-token context needs {f32.bytes_per_token * target / 2**20:.0f} MiB "
-                             f"of f32 KV; {best.precision} KV reaches {best.max_context} tokens in this budget")
+        top = result.options[0]
+        result.advice.append(f"the full {target}-token context needs {top.bytes_per_token * target / 2**20:.0f} MiB "
+                             f"of {top.precision} KV; {best.precision} KV reaches {best.max_context} tokens in this budget")
     if result.fits and best.precision in ("int8", "int4"):
         result.advice.append(f"{best.precision} KV trades some quality for length (measured in docs/memory.md)")
 

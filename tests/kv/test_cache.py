@@ -10,6 +10,7 @@ from edgellm.kv.codecs import bytes_per_head_token, codec
 from edgellm.models.layers import Rotary
 
 HEADS, DIM = 2, 64
+EXACT = dict(k_precision="f32", v_precision="f32")  # these tests check the mechanics exactly
 
 
 def _kv(t: int, seed: int = 0) -> torch.Tensor:
@@ -23,7 +24,7 @@ def _positions_kv(start: int, t: int) -> torch.Tensor:
 
 def _manager(**config) -> KVManager:
     specs = [LayerSpec(HEADS, DIM, None, None)] * 2
-    return KVManager(specs, KVConfig(**config), context_length=4096)
+    return KVManager(specs, KVConfig(**{**EXACT, **config}), context_length=4096)
 
 
 def test_memory_grows_by_blocks_with_tokens_held_not_with_max_context():
@@ -85,7 +86,7 @@ def test_eviction_rotates_kept_keys_back_to_their_new_positions():
     # As a model does: each new key is rotated for the cache's next position. After evictions,
     # every kept key must equal its raw key rotated for the slot it now occupies.
     rotary = Rotary(DIM, 10000.0)
-    seq, _ = KVManager([LayerSpec(HEADS, DIM, None, rotary.rotate)], KVConfig(block_size=8, max_tokens=32, sinks=2),
+    seq, _ = KVManager([LayerSpec(HEADS, DIM, None, rotary.rotate)], KVConfig(block_size=8, max_tokens=32, sinks=2, **EXACT),
                        context_length=4096).new_sequence()
     raw = _kv(48, seed=3)
     for i in range(48):
@@ -101,7 +102,7 @@ def test_eviction_rotates_kept_keys_back_to_their_new_positions():
 
 def test_ring_cache_sees_only_the_window_and_matches_masking():
     window = 6
-    manager = KVManager([LayerSpec(HEADS, DIM, window, None)], KVConfig(block_size=4), context_length=4096)
+    manager = KVManager([LayerSpec(HEADS, DIM, window, None)], KVConfig(block_size=4, **EXACT), context_length=4096)
     seq, _ = manager.new_sequence()
     k_all, v_all = _kv(20, 1), _kv(20, 2)
     keys, values, vis = seq[0].update_and_fetch(k_all[:, :, :9], v_all[:, :, :9])  # a chunk longer than the window
@@ -146,7 +147,7 @@ def test_bad_kv_config_is_rejected():
 
 def test_ring_cache_fresh_prefill_sees_only_itself():
     window = 8
-    manager = KVManager([LayerSpec(HEADS, DIM, window, None)], KVConfig(block_size=4), context_length=4096)
+    manager = KVManager([LayerSpec(HEADS, DIM, window, None)], KVConfig(block_size=4, **EXACT), context_length=4096)
     seq, _ = manager.new_sequence()
     k_all, v_all = _positions_kv(0, 12), _positions_kv(0, 12)
     keys, values, vis = seq[0].update_and_fetch(k_all[:, :, :5], v_all[:, :, :5])

@@ -28,7 +28,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="fast: packed 4-bit weights, bf16 matmuls; exact: fp32 reference")
     p.add_argument("--memory", default=None, metavar="SIZE",
                    help="RAM budget (e.g. 1.5GB): context and KV precision are planned to fit it")
-    p.add_argument("--kv-precision", default=None, help="f32 (default), bf16, int8, int4, or K:V such as int8:int4")
+    p.add_argument("--kv-precision", default=None, help="f16 (default), f32, bf16, int8, int4, or K:V such as int8:int4")
     p.add_argument("--kv-window", type=int, default=None, metavar="TOKENS",
                    help="keep at most this many tokens (attention sinks + sliding window): endless chat")
 

@@ -3,7 +3,8 @@
 
 It applies when everything the C layers assume holds: one sequence, one new token, every
 projection on edgellm's INT4 kernel (`Int4Linear.native`), on GGUF blocks in place
-(`BlockLinear`) or dense bf16, the architecture's own MLP activation, and fp32 KV stores (the default KVConfig; dense, or Gemma's sliding rings).
+(`BlockLinear`) or dense bf16, the architecture's own MLP activation, and fp16 (the default) or
+fp32 KV stores, dense or Gemma's sliding rings.
 Otherwise `step` returns None and the model runs its PyTorch code — which stays the
 reference: tests/quant/test_decode.py checks that the two agree."""
 from __future__ import annotations
@@ -36,7 +37,7 @@ class _Projection(ctypes.Structure):
 
 
 class _KVSlots(ctypes.Structure):
-    _fields_ = [("k", _p), ("v", _p), ("capacity", _i64), ("slot_pos", _p)]
+    _fields_ = [("k", _p), ("v", _p), ("capacity", _i64), ("slot_pos", _p), ("half", _i64)]
 
 
 class _LayerDims(ctypes.Structure):
@@ -129,7 +130,7 @@ class FusedDecoder:
     def step(self, tokens: torch.Tensor, caches) -> torch.Tensor | None:
         """Logits (1, 1, V) for one token of one sequence, or None if the caches do not fit."""
         layers = getattr(caches, "layers", None)
-        if tokens.shape != (1, 1) or not layers or not all(_plain_fp32(c) for c in layers):
+        if tokens.shape != (1, 1) or not layers or not all(_plain_float(c) for c in layers):
             return None
         pos = layers[0].offset
         if pos >= self.max_len or any(c.offset != pos for c in layers):
@@ -159,19 +160,25 @@ class FusedDecoder:
 
 
 def _slots(cache, pos: int) -> _KVSlots:
+    half = int(cache.k.codec.dtype == torch.float16)
     if isinstance(cache, RingCache):
         return _KVSlots(cache.k.parts["x"].data_ptr(), cache.v.parts["x"].data_ptr(), cache.window,
-                        cache.positions.data_ptr())
+                        cache.positions.data_ptr(), half)
     cache.k.ensure(pos + 1)
     cache.v.ensure(pos + 1)
     k = cache.k.parts["x"]
-    return _KVSlots(k.data_ptr(), cache.v.parts["x"].data_ptr(), k.shape[2], None)
+    return _KVSlots(k.data_ptr(), cache.v.parts["x"].data_ptr(), k.shape[2], None, half)
 
 
-def _plain_fp32(cache) -> bool:
+_NATIVE_KV = (torch.float32, torch.float16)  # what layer_ops.h's KVSlots can hold
+
+
+def _plain_float(cache) -> bool:
     if type(cache) not in (DenseCache, RingCache) or cache.k.batch != 1:
         return False
-    return all(isinstance(s.codec, FloatCodec) and s.codec.dtype == torch.float32 for s in (cache.k, cache.v))
+    stores = (cache.k, cache.v)
+    return all(isinstance(s.codec, FloatCodec) for s in stores) and cache.k.codec.dtype == cache.v.codec.dtype \
+        and cache.k.codec.dtype in _NATIVE_KV
 
 
 def fused_step(net, tokens: torch.Tensor, caches) -> torch.Tensor | None:

@@ -67,15 +67,33 @@ static inline LayerBuffers layer_buffers(const LayerDims *D, float *buf) {
     return B;
 }
 
-/* Where this layer's keys and values live: (Hkv, capacity, D) fp32 stores. A dense cache
-   holds positions 0..pos at slots 0..pos (slot_pos = NULL); a ring of `capacity` = window
-   slots holds position p at slot p % capacity, with slot_pos[] naming each slot's position
-   (-1: empty), and a query at p sees positions in (p - window, p]. */
+/* Where this layer's keys and values live: (Hkv, capacity, D) stores of fp32 (half = 0) or
+   IEEE fp16 (half = 1, the default KV precision: half the bytes, so long contexts read half as
+   much per token). A dense cache holds positions 0..pos at slots 0..pos (slot_pos = NULL); a ring
+   of `capacity` = window slots holds position p at slot p % capacity, with slot_pos[] naming each
+   slot's position (-1: empty), and a query at p sees positions in (p - window, p]. */
 typedef struct {
-    float *k, *v;
+    void *k, *v;
     int64_t capacity;
     int64_t *slot_pos;
+    int64_t half;
 } KVSlots;
+
+/* 16 stored values at element offset i of a store, as fp32. */
+static inline __m512 kv_load(const void *store, int64_t i, int64_t half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)store + i)));
+    return _mm512_loadu_ps((const float *)store + i);
+}
+
+static inline void kv_store(void *store, int64_t i, const float *x, int64_t d, int64_t half) {
+    if (!half) {
+        memcpy((float *)store + i, x, (size_t)d * sizeof(float));
+        return;
+    }
+    for (int64_t j = 0; j < d; j += 16)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)store + i + j),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 
 static inline void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
     float ss = 0.f;
@@ -109,8 +127,8 @@ static inline void gemv(const Projection *w, const float *x, float *y, void *wor
 static inline int64_t kv_write(KVSlots *c, const float *k, const float *v, int64_t n_kv, int64_t d, int64_t pos) {
     int64_t slot = c->slot_pos ? pos % c->capacity : pos;
     for (int64_t g = 0; g < n_kv; g++) {
-        memcpy(c->k + (g * c->capacity + slot) * d, k + g * d, (size_t)d * sizeof(float));
-        memcpy(c->v + (g * c->capacity + slot) * d, v + g * d, (size_t)d * sizeof(float));
+        kv_store(c->k, (g * c->capacity + slot) * d, k + g * d, d, c->half);
+        kv_store(c->v, (g * c->capacity + slot) * d, v + g * d, d, c->half);
     }
     if (c->slot_pos) {
         c->slot_pos[slot] = pos;
@@ -120,9 +138,9 @@ static inline int64_t kv_write(KVSlots *c, const float *k, const float *v, int64
 }
 
 /* q . k over d floats (d % 16 == 0): vector accumulators, so no serial dependency chain. */
-static inline float dot(const float *q, const float *k, int64_t d) {
+static inline float dot(const float *q, const void *k, int64_t at, int64_t d, int64_t half) {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), acc);
+    for (int64_t i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), kv_load(k, at + i, half), acc);
     return _mm512_reduce_add_ps(acc);
 }
 
@@ -133,7 +151,7 @@ static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t h = 0; h < n_heads; h++) {
         const float *qh = q + h * d;
-        const float *k = c->k + (h / per_kv) * c->capacity * d, *v = c->v + (h / per_kv) * c->capacity * d;
+        int64_t base = (h / per_kv) * c->capacity * d;  /* this KV head's first element */
         float *s = scores + h * slots, best = -INFINITY, total = 0.f;
         for (int64_t t = 0; t < slots; t++) {
             int64_t p = c->slot_pos ? c->slot_pos[t] : t;
@@ -141,16 +159,17 @@ static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int
                 s[t] = -INFINITY;
                 continue;
             }
-            s[t] = dot(qh, k + t * d, d) * scale;
+            s[t] = dot(qh, c->k, base + t * d, d, c->half) * scale;
             best = s[t] > best ? s[t] : best;
         }
         for (int64_t t = 0; t < slots; t++) total += (s[t] = s[t] == -INFINITY ? 0.f : expf(s[t] - best));
+        for (int64_t t = 0; t < slots; t++) s[t] /= total;
         float *o = out + h * d;
-        memset(o, 0, (size_t)d * sizeof(float));
-        for (int64_t t = 0; t < slots; t++) {
-            if (s[t] == 0.f) continue;
-            float p = s[t] / total;
-            for (int64_t i = 0; i < d; i++) o[i] += p * v[t * d + i];
+        for (int64_t i = 0; i < d; i += 16) {  /* 16 output columns at a time over the slots */
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t t = 0; t < slots; t++)
+                if (s[t] != 0.f) acc = _mm512_fmadd_ps(_mm512_set1_ps(s[t]), kv_load(c->v, base + t * d + i, c->half), acc);
+            _mm512_storeu_ps(o + i, acc);
         }
     }
 }
