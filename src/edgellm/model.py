@@ -72,7 +72,7 @@ class Model:
         self.info = describe(source)
         # The salt keeps cached prefixes of one model file from ever serving another.
         salt = f"{self.info.name}|{self.info.file_bytes}|{mode}"
-        self.kv = KVManager(self.net.cache_specs(), kv or KVConfig(), self.context_length, salt=salt)
+        self.kv = KVManager(self.net.cache_specs(), kv or KVConfig.for_mode(mode), self.context_length, salt=salt)
 
     # -- generation ----------------------------------------------------------------------
 

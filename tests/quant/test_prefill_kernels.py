@@ -89,3 +89,20 @@ def test_gated_activation_matches_pytorch(activation):
     ours = kernels.gated_act(gate_up, activation)
     assert ours.shape == (3, 5, 96) and ours.dtype == torch.bfloat16
     assert (ours.double() - reference).abs().max() < 8e-3 * reference.abs().max()  # one bf16 rounding
+
+
+@pytest.mark.parametrize("heads, dim, with_norm", [(12, 64, False), (5, 256, True)])
+def test_norm_rope_matches_the_pytorch_layers(heads, dim, with_norm):
+    from edgellm.models.layers import RMSNorm, Rotary, apply_rotary
+
+    g = torch.Generator().manual_seed(heads)
+    qkv = torch.randn(1, 9, heads + 2, dim, generator=g) * 3
+    rope = Rotary(dim, 10_000.0)(torch.arange(3, 12))
+    norm = RMSNorm(torch.rand(dim, generator=g) + 0.5, 1e-6) if with_norm else None
+    x = qkv[:, :, :heads]  # a strided view into a fused projection, as the models pass it
+    reference = apply_rotary(norm(x) if norm else x, *rope)
+    rest = qkv[:, :, heads:].clone()
+    ours = kernels.norm_rope(x, *rope, None if norm is None else norm.weight, 1e-6 if norm else 0.0)
+    assert ours.data_ptr() == qkv.data_ptr()  # in place
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, :, heads:], rest)  # the other heads untouched

@@ -74,14 +74,14 @@ def test_context_overflow_falls_back_to_dropping_old_turns(smollm2_path):
 
 
 def test_kv_budget_falls_back_to_int4_kv(smollm2_path):
-    # 2 MiB holds ~45 tokens of f32 KV but ~290 of INT4
+    # 2 MiB holds ~90 tokens of f16 KV (the default) but ~290 of INT4
     model = edgellm.load(smollm2_path, kv=KVConfig(budget_bytes=2 * 2**20))
     svc = Service(model)
     try:
         handle = svc.submit(Request("word " * 120, {"max_tokens": 8}))
         done = _done(handle)
         assert handle.degraded == ["kv_int4_fallback"] and len(done.token_ids) == 8
-        assert model.kv.config.k_precision == "f32"  # the fallback lasted one request
+        assert model.kv.config.k_precision == "f16"  # the fallback lasted one request
     finally:
         svc.close()
         model.close()

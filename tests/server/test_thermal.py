@@ -52,7 +52,7 @@ def test_hot_device_throttles_decode_and_switches_kv_precision(server_factory, s
     assert served_model.kv.config.k_precision == "int8"  # the fallback KV served the hot request
     sensor.write_text("40")
     _, restored = timed()
-    assert restored["edgellm"]["degraded"] == [] and served_model.kv.config.k_precision == "f32"
+    assert restored["edgellm"]["degraded"] == [] and served_model.kv.config.k_precision == "f16"
     metrics = httpx.get(server.url + "/metrics").text
     assert 'edgellm_thermal_events{kind="throttle"} 1.0' in metrics
     assert 'edgellm_thermal_events{kind="restore"} 1.0' in metrics

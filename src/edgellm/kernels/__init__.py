@@ -8,7 +8,8 @@ and the CPU; machines without a compiler, AVX-512 VNNI or torch's AVX-512 packin
 keep torch's kernel. `int4_unpack_bf16` (dequant.c) unpacks the same bytes into a bf16 scratch
 weight for prompts, where the bf16 GEMM is ~3x the INT4 kernel; `attention` (attention.c) runs a
 prompt chunk's attention ~2-4x faster than PyTorch's flash kernel here; `gated_act` (act.c) is the
-gated MLP's act(gate)·up in one pass. EDGELLM_KERNELS=0 turns the native path off. `block_gemv` (block_gemv.c)
+gated MLP's act(gate)·up in one pass; `norm_rope` (rope.c) a prompt's per-head norm and RoPE in
+place. EDGELLM_KERNELS=0 turns the native path off. `block_gemv` (block_gemv.c)
 multiplies by GGUF Q8_0 / Q5_0 / Q6_K weights straight from the model file (quant/blocks.py). llama_layer.c
 runs a whole Llama decoder layer for one token on these kernels, gemma3_layer.c a Gemma 3
 one (see decode.py)."""
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
-_SOURCES = ("int4_gemv.c", "block_gemv.c", "activations.h", "dequant.c", "attention.c", "act.c", "vec_math.h", "layer_ops.h", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
+_SOURCES = ("int4_gemv.c", "block_gemv.c", "activations.h", "dequant.c", "attention.c", "act.c", "rope.c", "vec_math.h", "layer_ops.h", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
 
 
 def _cpu_flags() -> set[str]:
@@ -87,7 +88,8 @@ def _library() -> ctypes.CDLL | None:
     lib.edgellm_int4_unpack_bf16.restype = lib.edgellm_attention.restype = None
     lib.edgellm_attention.argtypes = [p, i64, i64, p, p, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, p, p, i]
     lib.edgellm_attention_work.restype = i64
-    lib.edgellm_gated_act_bf16.restype = None
+    lib.edgellm_gated_act_bf16.restype = lib.edgellm_norm_rope.restype = None
+    lib.edgellm_norm_rope.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, i]
     lib.edgellm_gated_act_bf16.argtypes = [p, i64, i64, i, p, i]
     lib.edgellm_attention_work.argtypes = [i64, i64, i64, i]
     lib.edgellm_int4_unpack_bf16.argtypes = [p, p, i64, i64, i64, i, p, i]
@@ -219,3 +221,19 @@ def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         _library().edgellm_gated_act_bf16(gate_up.data_ptr(), rows, inter, _ACT_CODES[activation], out.data_ptr(),
                                           torch.get_num_threads())
     return out
+
+
+def norm_rope_supports(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """x (1, T, H, D) fp32 with contiguous heads; cos (T, 1, D) contiguous."""
+    return (available() and x.dim() == 4 and x.shape[0] == 1 and x.dtype == torch.float32 and x.shape[3] % 32 == 0
+            and x.stride(3) == 1 and x.stride(2) == x.shape[3] and cos.dim() == 3 and cos.is_contiguous())
+
+
+def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None = None,
+              eps: float = 0.0) -> torch.Tensor:
+    """In place on x (1, T, H, D): RMSNorm per head (when weight is given), then rotate-half RoPE."""
+    _, t, h, d = x.shape
+    with profiled("edgellm::norm_rope"):
+        _library().edgellm_norm_rope(x.data_ptr(), t, h, d, x.stride(1), None if weight is None else weight.data_ptr(),
+                                     eps, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
+    return x

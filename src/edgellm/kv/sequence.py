@@ -25,6 +25,11 @@ class KVConfig:
     budget_bytes: int | None = None  # all KV together (sequences + prefix cache); None: unbounded
     prefix_cache_bytes: int = 0  # 0 disables prefix reuse across requests
 
+    @classmethod
+    def for_mode(cls, mode: str) -> KVConfig:
+        """The default for a precision mode: "exact" (the fp32 reference) keeps fp32 KV."""
+        return cls(k_precision="f32", v_precision="f32") if mode == "exact" else cls()
+
     def __post_init__(self) -> None:
         for precision in (self.k_precision, self.v_precision):
             codec(precision)  # raises InvalidRequest for unknown names
@@ -226,5 +231,6 @@ class KVManager:
 
 def fresh_sequence(model, config: KVConfig | None = None) -> SequenceKV:
     """A standalone sequence cache for `model` (tests, evaluation, profiling)."""
-    manager = KVManager(model.cache_specs(), config or KVConfig(), model.config.context_length)
+    config = config or KVConfig.for_mode(getattr(model, "mode", "fast"))
+    manager = KVManager(model.cache_specs(), config, model.config.context_length)
     return manager.new_sequence()[0]

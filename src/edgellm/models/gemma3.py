@@ -17,7 +17,7 @@ from torch import nn
 
 from edgellm.kernels.decode import fused_step
 from edgellm.kv.sequence import LayerSpec
-from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, attention
+from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rope
 from edgellm.models.weights import Weights
 
 LOCAL_ROPE_BASE = 10_000.0  # Gemma 3's sliding layers; the file carries only the global base
@@ -80,8 +80,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
         b, t, _ = x.shape
         qkv = self.qkv_proj(x).float().view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
-        q = apply_rotary(self.q_norm(qkv[:, :, :self.n_heads]), *rope).transpose(1, 2)  # (B, Hq, T, D)
-        k = apply_rotary(self.k_norm(qkv[:, :, self.n_heads:-self.n_kv_heads]), *rope).transpose(1, 2)
+        q = norm_rope(qkv[:, :, :self.n_heads], rope, self.q_norm, native=self.native).transpose(1, 2)  # (B, Hq, T, D)
+        k = norm_rope(qkv[:, :, self.n_heads:-self.n_kv_heads], rope, self.k_norm, native=self.native).transpose(1, 2)
         v = qkv[:, :, -self.n_kv_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         k, v, visibility = cache.update_and_fetch(k, v)
         out = attention(q, k, v, visibility, scale=self.scale, native=self.native)

@@ -57,6 +57,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def norm_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], norm: RMSNorm | None = None, *,
+              native: bool = False) -> torch.Tensor:
+    """RoPE(Norm(x)) per head for x (B, T, H, D) fp32 (Norm: an optional per-head RMSNorm).
+
+    `native` (fast mode): one in-place pass of kernels/rope.c over x, which must be a fresh
+    tensor (e.g. a view of a linear's output)."""
+    cos, sin = rope
+    if native and kernels.norm_rope_supports(x, cos):
+        return kernels.norm_rope(x, cos, sin, None if norm is None else norm.weight, 0.0 if norm is None else norm.eps)
+    return apply_rotary(x if norm is None else norm(x), cos, sin)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, scale: float,
               native: bool = False) -> torch.Tensor:
     """Attention of new queries q (B, Hq, T, D) over cached keys k, v (B, Hkv, S, D).

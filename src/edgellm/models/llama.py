@@ -14,7 +14,7 @@ from torch import nn
 
 from edgellm.kernels.decode import fused_step
 from edgellm.kv.sequence import LayerSpec
-from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, apply_rotary, attention
+from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rope
 from edgellm.models.weights import Weights
 
 
@@ -82,7 +82,7 @@ class Attention(nn.Module):
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         qkv = qkv.view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
-        qk = apply_rotary(qkv[:, :, :self.n_heads + self.n_kv_heads], *rope)  # q and k in one go
+        qk = norm_rope(qkv[:, :, :self.n_heads + self.n_kv_heads], rope, native=self.native)  # q and k in one go
         q = qk[:, :, :self.n_heads].transpose(1, 2)  # (B, Hq, T, D)
         k = qk[:, :, self.n_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         v = qkv[:, :, self.n_heads + self.n_kv_heads:].transpose(1, 2)
