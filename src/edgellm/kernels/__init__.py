@@ -88,6 +88,7 @@ def _library() -> ctypes.CDLL | None:
     lib.edgellm_int4_unpack_bf16.restype = lib.edgellm_attention.restype = None
     lib.edgellm_attention.argtypes = [p, i64, i64, p, p, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, p, p, p, i]
     lib.edgellm_attention_work.restype = i64
+    lib.edgellm_attention_bf16_values.restype = i
     lib.edgellm_gated_act_bf16.restype = lib.edgellm_norm_rope.restype = None
     lib.edgellm_norm_rope.argtypes = [p, i64, i64, i64, i64, p, ctypes.c_float, p, p, i]
     lib.edgellm_gated_act_bf16.argtypes = [p, i64, i64, i, p, i]
@@ -181,8 +182,15 @@ def attention_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
             and q.stride(3) == k.stride(3) == 1)
 
 
+def attention_bf16_values() -> bool:
+    """Whether `attention` multiplies probabilities by V in bf16 (CPUs with AVX512-BF16)."""
+    return bool(_library().edgellm_attention_bf16_values())
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), fp32, as (1, H, T, D).
+    """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), as (1, H, T, D) fp32.
+
+    Scores and softmax in fp32; P·V in bf16 where the CPU has AVX512-BF16 (see attention.c).
 
     mask None = causal, the queries being the last T of the S positions; else (T, S) bool."""
     _, h, t, d = q.shape

@@ -32,6 +32,7 @@ typedef struct {
     const uint8_t *mask;
     float *out;                                /* (T, H, D) */
     const float *kt;                           /* (Hkv, D, s_pad) */
+    const uint32_t *vp;                        /* bf16 V pairs (Hkv, s_pad / 2, D), with AVX512-BF16 */
 } Problem;
 
 /* Scores of `rows` query rows (heads h[i], positions t[i]) against keys [0, len), scaled. */
@@ -78,7 +79,7 @@ static void softmax_rows(const Problem *p, int rows, const int64_t *t, int64_t l
 }
 
 /* out rows = P . V, 32 columns of D at a time. */
-static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+__attribute__((unused)) static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
                             int64_t len, const float *sc, const float *inv_sum) {
     const float *v = p->v + hk * p->kv_h;
     for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
@@ -100,10 +101,65 @@ static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_
     }
 }
 
+#ifdef __AVX512BF16__
+/* P . V with vdpbf16ps: probabilities and V rounded to bf16 (relative error ~2^-9, like the bf16
+   activations of every linear), twice the fp32 FMA rate. Scores stay fp32: their errors would be
+   exponentiated. vp holds V as pairs of keys: element (j/2, d) = (V[j][d], V[j+1][d]). */
+static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+                                 int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
+    int64_t pairs = (len + 1) / 2, row_len = pairs * 2;
+    for (int i = 0; i < rows; i++)  /* probabilities as bf16, zero past len (the pad key's weight) */
+        for (int64_t j = 0; j < row_len; j += 16) {
+            __m512 x = _mm512_maskz_loadu_ps(j + 16 <= len ? 0xFFFF : (__mmask16)((1u << (len - j > 0 ? len - j : 0)) - 1),
+                                             sc + i * p->s_pad + j);
+            _mm256_storeu_si256((__m256i *)(pb + i * p->s_pad + j), (__m256i)_mm512_cvtneps_pbh(x));
+        }
+    const uint32_t *vp = p->vp + hk * (p->s_pad / 2) * p->D;
+    for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
+        __m512 acc[ROWS][2];
+        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int64_t jp = 0; jp < pairs; jp++) {
+            __m512bh v0 = (__m512bh)_mm512_loadu_si512(vp + jp * p->D + d0);
+            __m512bh v1 = (__m512bh)_mm512_loadu_si512(vp + jp * p->D + d0 + 16);
+            for (int i = 0; i < rows; i++) {
+                __m512bh pij = (__m512bh)_mm512_set1_epi32(((const int32_t *)(pb + i * p->s_pad))[jp]);
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], pij, v0);
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], pij, v1);
+            }
+        }
+        for (int i = 0; i < rows; i++) {
+            float *o = p->out + (t[i] * p->H + h[i]) * p->D + d0;
+            _mm512_storeu_ps(o, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(inv_sum[i])));
+            _mm512_storeu_ps(o + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(inv_sum[i])));
+        }
+    }
+}
+
+/* V of every KV head as bf16 key pairs (see weighted_values_bf16), zero past S. */
+static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t S, int64_t Hkv, int64_t D,
+                             int64_t s_pad, uint32_t *vp, int threads) {
+#pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
+    for (int64_t hk = 0; hk < Hkv; hk++)
+        for (int64_t jp = 0; jp < s_pad / 2; jp++)
+            for (int64_t d = 0; d < D; d += 16) {
+                int64_t j = 2 * jp;
+                __m512 a = j < S ? _mm512_loadu_ps(v + hk * kv_h + j * kv_s + d) : _mm512_setzero_ps();
+                __m512 b = j + 1 < S ? _mm512_loadu_ps(v + hk * kv_h + (j + 1) * kv_s + d) : _mm512_setzero_ps();
+                __m512i a16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+                __m512i b16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+                _mm512_storeu_si512(vp + (hk * (s_pad / 2) + jp) * D + d, _mm512_or_si512(a16, _mm512_slli_epi32(b16, 16)));
+            }
+}
+#define VALUE_PAIRS 1
+#else
+#define VALUE_PAIRS 0
+#endif
+
 /* Floats of `work` the call needs: Kt plus one score block per thread. */
 int64_t edgellm_attention_work(int64_t S, int64_t Hkv, int64_t D, int threads) {
     int64_t s_pad = (S + 15) / 16 * 16;
-    return Hkv * D * s_pad + (int64_t)threads * ROWS * s_pad;
+    /* Kt, then per thread: a score block and its bf16 copy; then the bf16 V pairs */
+    return Hkv * D * s_pad + (int64_t)threads * ROWS * s_pad * 3 / 2 + VALUE_PAIRS * Hkv * D * s_pad / 2;
 }
 
 /* D % 32 == 0; q, k, v rows contiguous in d. */
@@ -111,8 +167,12 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
                        int64_t kv_s, int64_t T, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
                        const uint8_t *mask, float *out, float *work, int threads) {
     int64_t s_pad = (S + 15) / 16 * 16;
-    Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, scale, mask, out, work};
-    float *kt = work;
+    float *kt = work, *per_thread = work + Hkv * D * s_pad;
+    uint32_t *vp = (uint32_t *)(per_thread + (int64_t)threads * ROWS * s_pad * 3 / 2);
+    Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, scale, mask, out, kt, vp};
+#if VALUE_PAIRS
+    pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
+#endif
 #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
     for (int64_t hk = 0; hk < Hkv; hk++)
         for (int64_t d = 0; d < D; d++) {
@@ -129,7 +189,9 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
     /* later query blocks see more keys: dynamic scheduling evens the threads out */
 #pragma omp parallel num_threads(threads)
     {
-        float *sc = work + Hkv * D * s_pad + (int64_t)omp_get_thread_num() * ROWS * s_pad;
+        float *sc = per_thread + (int64_t)omp_get_thread_num() * ROWS * s_pad * 3 / 2;
+        uint16_t *pb = (uint16_t *)(sc + ROWS * s_pad);  /* bf16 probabilities (AVX512-BF16 path) */
+        (void)pb;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             int64_t tb = items - 1 - item; /* biggest blocks first */
@@ -146,7 +208,14 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
             float inv_sum[ROWS];
             scores(&p, hk, rows, h, t, len, sc);
             softmax_rows(&p, rows, t, len, sc, inv_sum);
+#if VALUE_PAIRS
+            weighted_values_bf16(&p, hk, rows, h, t, len, sc, inv_sum, pb);
+#else
             weighted_values(&p, hk, rows, h, t, len, sc, inv_sum);
+#endif
         }
     }
 }
+
+/* Whether P . V runs in bf16 (this CPU has AVX512-BF16), for tests' error bounds. */
+int edgellm_attention_bf16_values(void) { return VALUE_PAIRS; }
