@@ -1,0 +1,117 @@
+"""Prompt-sized work in native code: weights unpacked to a bf16 scratch for the GEMM (dequant.c,
+block_gemv.c), chunk attention (attention.c), the gated MLP's middle (act.c), per-head norm and
+RoPE (rope.c)."""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from edgellm.kernels.build import available, library, profiled
+
+_scratch = threading.local()
+
+
+
+def scratch_bf16(numel: int) -> torch.Tensor:
+    """This thread's reused bf16 buffer for one layer's dequantized weight."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _scratch.buffer = torch.empty(numel, dtype=torch.bfloat16)
+    return buffer[:numel]
+
+
+def int4_unpack_bf16(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int) -> torch.Tensor:
+    """Wt (K, N) bf16: the dequantized weight of a packed (N, planes * K) INT4 layer, transposed.
+
+    The result is a view of a per-thread scratch buffer, valid until this thread's next call:
+    the model never holds more than one layer's bf16 weight."""
+    n, kw = packed.shape[0], packed.shape[1] * 2
+    ka = kw // planes
+    wt = scratch_bf16(n * ka).view(ka, n)
+    with profiled("edgellm::int4_unpack_bf16"):
+        library().edgellm_int4_unpack_bf16(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes,
+                                            wt.data_ptr(), torch.get_num_threads())
+    return wt
+
+
+def blocks_to_bf16(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """W (N, K) bf16 from N rows of GGUF Q8_0 / Q5_0 / Q6_K blocks, into `out` or else this thread's
+    scratch (valid until its next use)."""
+    n, rows = rows.shape[0], rows.contiguous()
+    w = out if out is not None else scratch_bf16(n * k).view(n, k)
+    with profiled("edgellm::blocks_to_bf16"):
+        library().edgellm_blocks_to_bf16(rows.data_ptr(), ggml_type, n, k, w.data_ptr(), torch.get_num_threads())
+    return w
+
+
+def attention_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether `attention` takes these (1, H, T, D) queries and (1, Hkv, S, D) keys."""
+    h, d, hkv = q.shape[1], q.shape[3], k.shape[1]
+    return (q.shape[0] == 1 and d % 32 == 0 and h % hkv == 0 and q.dtype == k.dtype == torch.float32
+            and q.stride(3) == k.stride(3) == 1)
+
+
+def attention_bf16_values() -> bool:
+    """Whether `attention` multiplies probabilities by V in bf16 (CPUs with AVX512-BF16)."""
+    return bool(library().edgellm_attention_bf16_values())
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), as (1, H, T, D) fp32.
+
+    Scores and softmax in fp32; P·V in bf16 where the CPU has AVX512-BF16 (see attention.c).
+
+    mask None = causal, the queries being the last T of the S positions; else (T, S) bool."""
+    _, h, t, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    if v.stride() != k.stride():
+        k, v = k.contiguous(), v.contiguous()
+    out = torch.empty(1, t, h, d, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    lib = library()
+    work = torch.empty(lib.edgellm_attention_work(s, hkv, d, threads), dtype=torch.float32)
+    mask_bytes = None if mask is None else mask.contiguous().view(torch.uint8)  # kept alive for the call
+    mask_ptr = None if mask_bytes is None else mask_bytes.data_ptr()
+    with profiled("edgellm::attention"):
+        lib.edgellm_attention(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), v.data_ptr(), k.stride(1),
+                              k.stride(2), t, s, h, hkv, d, scale, mask_ptr, out.data_ptr(), work.data_ptr(),
+                              threads)
+    return out.transpose(1, 2)
+
+
+_ACT_CODES = {"silu": 0, "gelu_tanh": 1}
+GATED_ACT_MIN_ROWS = 2  # one row (a decode step off the native layer) is cheaper in PyTorch
+
+
+def gated_act_supports(gate_up: torch.Tensor) -> bool:
+    rows = gate_up.numel() // gate_up.shape[-1]
+    return available() and gate_up.shape[-1] % 32 == 0 and rows >= GATED_ACT_MIN_ROWS
+
+
+def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up for a fused (..., 2I) bf16 gate|up, as (..., I) bf16."""
+    inter = gate_up.shape[-1] // 2
+    gate_up = gate_up.contiguous()
+    rows = gate_up.numel() // gate_up.shape[-1]
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=torch.bfloat16)
+    with profiled("edgellm::gated_act"):
+        library().edgellm_gated_act_bf16(gate_up.data_ptr(), rows, inter, _ACT_CODES[activation], out.data_ptr(),
+                                          torch.get_num_threads())
+    return out
+
+
+def norm_rope_supports(x: torch.Tensor, cos: torch.Tensor) -> bool:
+    """x (1, T, H, D) fp32 with contiguous heads; cos (T, 1, D) contiguous."""
+    return (available() and x.dim() == 4 and x.shape[0] == 1 and x.dtype == torch.float32 and x.shape[3] % 32 == 0
+            and x.stride(3) == 1 and x.stride(2) == x.shape[3] and cos.dim() == 3 and cos.is_contiguous())
+
+
+def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None = None,
+              eps: float = 0.0) -> torch.Tensor:
+    """In place on x (1, T, H, D): RMSNorm per head (when weight is given), then rotate-half RoPE."""
+    _, t, h, d = x.shape
+    with profiled("edgellm::norm_rope"):
+        library().edgellm_norm_rope(x.data_ptr(), t, h, d, x.stride(1), None if weight is None else weight.data_ptr(),
+                                     eps, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
+    return x
