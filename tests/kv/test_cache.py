@@ -6,6 +6,7 @@ import torch
 
 from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv import CAUSAL, KVConfig, KVManager, LayerSpec
+from edgellm.kv.cache import causal_mask
 from edgellm.kv.codecs import bytes_per_head_token, codec
 from edgellm.models.layers import Rotary
 
@@ -116,11 +117,13 @@ def test_ring_cache_sees_only_the_window_and_matches_masking():
     assert seq[0].nbytes < 2 * HEADS * window * DIM * 4 + 1000  # never more than the window
 
 
-def test_fresh_prefill_is_causal_and_chunks_get_a_mask():
+def test_prefill_chunks_are_causal_at_the_end_of_the_cache():
     seq, _ = _manager().new_sequence()
-    assert seq[0].update_and_fetch(_kv(5), _kv(5))[2] == CAUSAL
-    mask = seq[0].update_and_fetch(_kv(3), _kv(3))[2]
-    assert mask.shape == (3, 8) and mask[0].sum() == 6 and mask[2].all()
+    assert seq[0].update_and_fetch(_kv(5), _kv(5))[2] == CAUSAL  # square: a fresh prefill
+    keys, _, visibility = seq[0].update_and_fetch(_kv(3), _kv(3))
+    assert visibility == CAUSAL and keys.shape[2] == 8  # the 3 queries are positions 5..7
+    mask = causal_mask(3, 8)
+    assert mask[0].sum() == 6 and mask[2].all()
     assert seq[0].update_and_fetch(_kv(1), _kv(1))[2] is None
 
 

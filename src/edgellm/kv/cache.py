@@ -14,7 +14,8 @@ from edgellm.kv.codecs import Codec
 from edgellm.kv.store import TokenStore
 
 # What the queries of one update may see: None = every cached key (a decode step);
-# CAUSAL = a fresh prefill, query i sees keys 0..i; or a (T, S) bool mask.
+# CAUSAL = the T queries are the last T of the S positions and query i sees keys 0..S-T+i
+# (a fresh prefill is the square case); or a (T, S) bool mask.
 CAUSAL = "causal"
 Visibility = None | str | torch.Tensor
 Rotate = Callable[[torch.Tensor, int], torch.Tensor]  # (keys (B, H, T, D), delta) -> keys at position + delta
@@ -32,7 +33,8 @@ class KVCache(Protocol):
     def nbytes(self) -> int: ...
 
 
-def _chunk_mask(t: int, s: int) -> torch.Tensor:
+def causal_mask(t: int, s: int) -> torch.Tensor:
+    """CAUSAL as a (T, S) bool mask: query i (position S - T + i) sees keys 0..S-T+i."""
     q_pos = torch.arange(s - t, s)[:, None]
     return torch.arange(s)[None, :] <= q_pos
 
@@ -52,10 +54,8 @@ class DenseCache:
         for store, x in ((self.k, k), (self.v, v)):
             store.ensure(end)
             store.write(self.offset, x)
-        fresh = self.offset == 0
         self.offset = end
-        visibility = CAUSAL if fresh and t > 1 else (None if t == 1 else _chunk_mask(t, end))
-        return self.k.read(end), self.v.read(end), visibility
+        return self.k.read(end), self.v.read(end), None if t == 1 else CAUSAL
 
     def evict(self, start: int, n: int) -> None:
         """Drop tokens start..start+n-1; later ones move down and are rotated back n positions."""

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgellm import kernels
+from edgellm.kv.cache import causal_mask
 
 
 class RMSNorm(nn.Module):
@@ -73,8 +74,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
               native: bool = False) -> torch.Tensor:
     """Attention of new queries q (B, Hq, T, D) over cached keys k, v (B, Hkv, S, D).
 
-    `visibility` comes from the cache: None (all keys), CAUSAL (a fresh prefill: the flash
-    kernel's own causal path skips the masked half) or a (T, S) bool mask. For a batch of
+    `visibility` comes from the cache: None (all keys), CAUSAL (the queries are the last T of
+    the S positions; fused kernels skip the masked part) or a (T, S) bool mask. For a batch of
     sequences (LayerBatch) k, v and visibility are lists, one per sequence. `native` (fast
     mode) sends prompt chunks to kernels/attention.c; decode steps are already native or tiny."""
     if isinstance(k, list):
@@ -82,8 +83,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
                           for i in range(len(k))])
     if native and q.shape[2] > 1 and kernels.available() and kernels.attention_supports(q, k):
         return kernels.attention(q, k, v, scale, None if isinstance(visibility, str) else visibility)
-    if isinstance(visibility, str):
+    if isinstance(visibility, str) and q.shape[2] == k.shape[2]:  # a fresh prefill: the flash kernel's own causal path
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    if isinstance(visibility, str):  # a later chunk: torch's is_causal aligns top-left, ours bottom-right
+        visibility = causal_mask(q.shape[2], k.shape[2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)
 
 
