@@ -112,3 +112,33 @@ def test_norm_rope_matches_the_pytorch_layers(heads, dim, with_norm):
     assert ours.data_ptr() == qkv.data_ptr()  # in place
     torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
     assert torch.equal(qkv[:, :, heads:], rest)  # the other heads untouched
+
+
+def test_unpacking_in_row_chunks_equals_the_whole(monkeypatch):
+    layer = _layer(256, 128, 2, 32, seed=4)
+    whole = kernels.int4_unpack_bf16(layer.packed, layer.scale_zero, 32, 2).clone()
+    part = kernels.int4_unpack_bf16(layer.packed, layer.scale_zero, 32, 2, (64, 192))
+    assert torch.equal(part, whole[:, 64:192])
+    with pytest.raises(ValueError):
+        kernels.int4_unpack_bf16(layer.packed, layer.scale_zero, 32, 2, (10, 64))
+    x = torch.randn(40, 128)
+    one_gemm = layer(x)
+    monkeypatch.setattr(kernels, "SCRATCH_ROWS", 64)  # a big layer: unpacked and multiplied 64 rows at a time
+    torch.testing.assert_close(layer(x), one_gemm)
+
+
+def test_nan_stays_nan_through_bf16_rounding():
+    gate_up = torch.ones(2, 64, dtype=torch.bfloat16)
+    gate_up[0, 3] = float("nan")
+    out = kernels.gated_act(gate_up, "silu")
+    assert torch.isnan(out[0, 3]) and torch.isfinite(out[1]).all()
+
+
+def test_attention_with_every_key_visible_is_not_causal():
+    from edgellm.models.layers import attention
+
+    g = torch.Generator().manual_seed(9)
+    q, k, v = torch.randn(3, 1, 2, 6, 64, generator=g)
+    ours = attention(q, k, v, None, scale=0.125, native=True)
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125)
+    assert (ours - reference).abs().max() < _value_tolerance(v)

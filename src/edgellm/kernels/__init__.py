@@ -12,9 +12,9 @@ faster than PyTorch's flash kernel; `gated_act` is the gated MLP's act(gate)·up
 `norm_rope` a per-head norm and RoPE in place. EDGELLM_KERNELS=0 turns all of it off."""
 from edgellm.kernels.build import available, library, profiled
 from edgellm.kernels.gemv import MAX_ROWS, block_gemv, int4_gemv, supports
-from edgellm.kernels.prompt import (attention, attention_bf16_values, attention_supports, blocks_to_bf16, gated_act,
+from edgellm.kernels.prompt import (SCRATCH_ROWS, attention, attention_bf16_values, attention_supports, blocks_to_bf16, gated_act,
                                     gated_act_supports, int4_unpack_bf16, norm_rope, norm_rope_supports, scratch_bf16)
 
-__all__ = ["MAX_ROWS", "attention", "attention_bf16_values", "attention_supports", "available", "block_gemv",
+__all__ = ["MAX_ROWS", "SCRATCH_ROWS", "attention", "attention_bf16_values", "attention_supports", "available", "block_gemv",
            "blocks_to_bf16", "gated_act", "gated_act_supports", "int4_gemv", "int4_unpack_bf16", "library",
            "norm_rope", "norm_rope_supports", "profiled", "scratch_bf16", "supports"]

@@ -26,7 +26,7 @@ _SIGNATURES = {
     "edgellm_int4_gemv": (None, [_p, _i, _i64, _p, _p, _i64, _i64, _i64, _p, _p, _i]),
     "edgellm_block_gemv": (None, [_p, _i, _i64, _p, _i, _i64, _p, _p, _i]),
     "edgellm_blocks_to_bf16": (None, [_p, _i, _i64, _i64, _p, _i]),
-    "edgellm_int4_unpack_bf16": (None, [_p, _p, _i64, _i64, _i64, _i, _p, _i]),
+    "edgellm_int4_unpack_bf16": (None, [_p, _p, _i64, _i64, _i64, _i, _i64, _i64, _p, _i]),
     "edgellm_attention": (None, [_p, _i64, _i64, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _p, _p, _p,
                                  _i]),
     "edgellm_attention_work": (_i64, [_i64, _i64, _i64, _i]),

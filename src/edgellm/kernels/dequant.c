@@ -14,7 +14,7 @@
 
 /* Row block nb of Wt: columns [nb*64, nb*64 + 64) of every k. */
 static void unpack_block(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw,
-                         int64_t group, int planes, int64_t nb, uint16_t *wt) {
+                         int64_t group, int planes, int64_t nb, int64_t row0, int64_t rows, uint16_t *wt) {
     const uint8_t *w = packed + nb * 64 * kw / 2;
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     int64_t ka = kw / planes;
@@ -39,16 +39,17 @@ static void unpack_block(const uint8_t *packed, const uint16_t *scale_zero, int6
                 out[r] = _mm512_add_ps(out[r], _mm512_fmadd_ps(q[r], scale, offset));
             }
         }
-        uint16_t *dst = wt + k * n + nb * 64;
+        uint16_t *dst = wt + k * rows + nb * 64 - row0;
         for (int r = 0; r < 4; r++)
             _mm256_storeu_si256((__m256i *)(dst + r * 16), ps_to_bf16(out[r]));
     }
 }
 
-/* wt (ka, n) bf16 = the dequantized (n, kw = planes * ka) packed weight, transposed. n % 64 == 0. */
+/* wt (ka, rows) bf16 = rows row0 .. row0 + rows of the dequantized (n, kw = planes * ka) packed
+   weight, transposed. n, row0 and rows are multiples of 64. */
 void edgellm_int4_unpack_bf16(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw,
-                              int64_t group, int planes, uint16_t *wt, int threads) {
+                              int64_t group, int planes, int64_t row0, int64_t rows, uint16_t *wt, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t nb = 0; nb < n / 64; nb++)
-        unpack_block(packed, scale_zero, n, kw, group, planes, nb, wt);
+    for (int64_t nb = row0 / 64; nb < (row0 + rows) / 64; nb++)
+        unpack_block(packed, scale_zero, n, kw, group, planes, nb, row0, rows, wt);
 }

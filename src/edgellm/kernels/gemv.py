@@ -7,6 +7,12 @@ import torch
 from edgellm.kernels.build import library, profiled
 
 MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
+BLOCK_TYPES = (6, 8, 14)  # ggml Q5_0, Q8_0, Q6_K: what block_gemv.c reads
+
+
+def check_block_type(ggml_type: int) -> None:
+    if ggml_type not in BLOCK_TYPES:
+        raise ValueError(f"no native kernel for ggml type {ggml_type} (takes {BLOCK_TYPES})")
 
 
 def supports(n: int, k: int, group: int) -> bool:
@@ -29,6 +35,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, g
 
 def block_gemv(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
     """y (M, N) fp32 = x (M, K) @ W^T for W given as N rows of GGUF Q8_0, Q5_0 or Q6_K blocks (uint8)."""
+    check_block_type(ggml_type)
     m, n = x.shape[0], rows.shape[0]
     x = x.float().contiguous()
     y = torch.empty(m, n, dtype=torch.float32)

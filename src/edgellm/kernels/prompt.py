@@ -8,9 +8,10 @@ import threading
 import torch
 
 from edgellm.kernels.build import available, library, profiled
+from edgellm.kernels.gemv import check_block_type
 
 _scratch = threading.local()
-
+SCRATCH_ROWS = 8192  # weights are unpacked at most this many output rows at a time (10 MB at K = 640)
 
 
 def scratch_bf16(numel: int) -> torch.Tensor:
@@ -21,25 +22,33 @@ def scratch_bf16(numel: int) -> torch.Tensor:
     return buffer[:numel]
 
 
-def int4_unpack_bf16(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int) -> torch.Tensor:
-    """Wt (K, N) bf16: the dequantized weight of a packed (N, planes * K) INT4 layer, transposed.
+def int4_unpack_bf16(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int,
+                     rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """Wt (K, n) bf16: rows [start, end) (all by default; multiples of 64) of the dequantized weight
+    of a packed (N, planes * K) INT4 layer, transposed.
 
     The result is a view of a per-thread scratch buffer, valid until this thread's next call:
-    the model never holds more than one layer's bf16 weight."""
+    the model never holds more than one weight chunk in bf16."""
     n, kw = packed.shape[0], packed.shape[1] * 2
     ka = kw // planes
-    wt = scratch_bf16(n * ka).view(ka, n)
+    start, end = rows or (0, n)
+    if start % 64 or end % 64 or not 0 <= start < end <= n:
+        raise ValueError(f"rows [{start}, {end}) must be whole 64-row blocks of {n}")
+    wt = scratch_bf16((end - start) * ka).view(ka, end - start)
     with profiled("edgellm::int4_unpack_bf16"):
-        library().edgellm_int4_unpack_bf16(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes,
-                                            wt.data_ptr(), torch.get_num_threads())
+        library().edgellm_int4_unpack_bf16(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes, start,
+                                           end - start, wt.data_ptr(), torch.get_num_threads())
     return wt
 
 
 def blocks_to_bf16(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """W (N, K) bf16 from N rows of GGUF Q8_0 / Q5_0 / Q6_K blocks, into `out` or else this thread's
     scratch (valid until its next use)."""
+    check_block_type(ggml_type)
     n, rows = rows.shape[0], rows.contiguous()
     w = out if out is not None else scratch_bf16(n * k).view(n, k)
+    if w.shape != (n, k) or w.dtype != torch.bfloat16 or not w.is_contiguous():
+        raise ValueError(f"out must be a contiguous ({n}, {k}) bf16 tensor")
     with profiled("edgellm::blocks_to_bf16"):
         library().edgellm_blocks_to_bf16(rows.data_ptr(), ggml_type, n, k, w.data_ptr(), torch.get_num_threads())
     return w
@@ -101,10 +110,12 @@ def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     return out
 
 
-def norm_rope_supports(x: torch.Tensor, cos: torch.Tensor) -> bool:
-    """x (1, T, H, D) fp32 with contiguous heads; cos (T, 1, D) contiguous."""
+def norm_rope_supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """x (1, T, H, D) fp32 with contiguous heads; cos and sin (T, 1, D) fp32, contiguous."""
+    table = (x.shape[1], 1, x.shape[3]) if x.dim() == 4 else None
     return (available() and x.dim() == 4 and x.shape[0] == 1 and x.dtype == torch.float32 and x.shape[3] % 32 == 0
-            and x.stride(3) == 1 and x.stride(2) == x.shape[3] and cos.dim() == 3 and cos.is_contiguous())
+            and x.stride(3) == 1 and x.stride(2) == x.shape[3]
+            and all(t.shape == table and t.dtype == torch.float32 and t.is_contiguous() for t in (cos, sin)))
 
 
 def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None = None,

@@ -34,7 +34,10 @@ static inline __m512 bf16_to_ps(__m256i h) {
 static inline __m256i ps_to_bf16(__m512 f) {
     __m512i bits = _mm512_castps_si512(f);
     __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    /* NaN stays NaN (rounding could carry it into infinity): truncate it and set the quiet bit */
+    __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 #endif

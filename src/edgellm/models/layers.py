@@ -65,7 +65,7 @@ def norm_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], norm: RM
     `native` (fast mode): one in-place pass of kernels/rope.c over x, which must be a fresh
     tensor (e.g. a view of a linear's output)."""
     cos, sin = rope
-    if native and kernels.norm_rope_supports(x, cos):
+    if native and kernels.norm_rope_supports(x, cos, sin):
         return kernels.norm_rope(x, cos, sin, None if norm is None else norm.weight, 0.0 if norm is None else norm.eps)
     return apply_rotary(x if norm is None else norm(x), cos, sin)
 
@@ -82,6 +82,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
         return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale, native=native)
                           for i in range(len(k))])
     if native and q.shape[2] > 1 and kernels.available() and kernels.attention_supports(q, k):
+        if visibility is None:  # every key visible: the kernel's None means causal
+            visibility = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
         return kernels.attention(q, k, v, scale, None if isinstance(visibility, str) else visibility)
     if isinstance(visibility, str) and q.shape[2] == k.shape[2]:  # a fresh prefill: the flash kernel's own causal path
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)

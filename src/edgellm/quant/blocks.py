@@ -2,7 +2,7 @@
 
 Decode-sized inputs (up to kernels.MAX_ROWS rows) go to the native VNNI kernel
 (kernels.block_gemv, one call per fused part); larger ones (prompts, teacher-forced
-evaluation) dequantize up to _CHUNK_ROWS rows at a time into a bf16 scratch and run the
+evaluation) dequantize up to kernels.SCRATCH_ROWS rows at a time into a bf16 scratch and run the
 bf16 GEMM. Used for the tied embedding / output head of both models (Gemma 3: 262k x 640,
 read by the embedding lookup from the same bytes) and for Gemma 3's Q5_0 / Q8_0 / Q6_K
 projections, which as two INT4 planes read 10 bits per weight instead of 5.5 or 8.5, and as
@@ -20,7 +20,6 @@ from edgellm.quant.ggml import GGMLType
 
 # ggml type -> (weights, bytes) per block
 BLOCKS = {GGMLType.Q8_0: (32, 34), GGMLType.Q5_0: (32, 22), GGMLType.Q6_K: (256, 210)}
-_CHUNK_ROWS = 8192  # bf16 scratch of at most 8192 rows (10 MB at K = 640)
 
 
 class BlockLinear(nn.Module):
@@ -56,12 +55,12 @@ class BlockLinear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def _chunks(self) -> list[list[tuple[torch.Tensor, int]]]:
-        """The parts' rows in order, cut into chunks of at most _CHUNK_ROWS: one GEMM each."""
+        """The parts' rows in order, cut into chunks of at most kernels.SCRATCH_ROWS: one GEMM each."""
         chunks, current, size = [], [], 0
         for rows, t in zip(self.rows, self.types):
-            for start in range(0, rows.shape[0], _CHUNK_ROWS):
-                piece = rows[start:start + _CHUNK_ROWS]
-                if size + piece.shape[0] > _CHUNK_ROWS and current:
+            for start in range(0, rows.shape[0], kernels.SCRATCH_ROWS):
+                piece = rows[start:start + kernels.SCRATCH_ROWS]
+                if size + piece.shape[0] > kernels.SCRATCH_ROWS and current:
                     chunks.append(current)
                     current, size = [], 0
                 current.append((piece, t))

@@ -158,8 +158,11 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
         if self.native and x2.shape[0] * self.planes >= UNPACK_ROWS:
             # prompt: unpack to a bf16 scratch and run the bf16 GEMM, ~3x the INT4 kernel here
-            wt = kernels.int4_unpack_bf16(self.packed, self.scale_zero, self.group, self.planes)  # (K, N)
-            return torch.mm(x2, wt).reshape(*lead, self.out_features)
+            n, step = self.out_features, kernels.SCRATCH_ROWS
+            outs = [torch.mm(x2, kernels.int4_unpack_bf16(self.packed, self.scale_zero, self.group, self.planes,
+                                                          (start, min(start + step, n))))  # (K, rows)
+                    for start in range(0, n, step)]
+            return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).reshape(*lead, n)
         x2 = x2.repeat(1, self.planes) if self.planes > 1 else x2.contiguous()  # (M, planes·K)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x2, self.packed, self.group, self.scale_zero
