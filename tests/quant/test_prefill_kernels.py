@@ -142,3 +142,19 @@ def test_attention_with_every_key_visible_is_not_causal():
     ours = attention(q, k, v, None, scale=0.125, native=True)
     reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125)
     assert (ours - reference).abs().max() < _value_tolerance(v)
+
+
+def test_fused_norms_match_the_pytorch_layer():
+    from edgellm.models.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(11)
+    norm = RMSNorm(torch.rand(640, generator=g) + 0.5, 1e-6, native=True)
+    x = torch.randn(1, 9, 640, generator=g) * 3
+    y = (torch.randn(1, 9, 640, generator=g) * 5).bfloat16()
+    reference = norm(x)
+    ours = norm.for_linear(x)
+    assert ours.dtype == torch.bfloat16  # a prompt's linear input, cast in the same pass
+    assert ((ours.float() - reference).abs() <= reference.abs() * 2 ** -8 + 1e-6).all()
+    torch.testing.assert_close(norm.add_to(x, y), x + norm(y), atol=1e-5, rtol=1e-5)
+    few = x[:, :4]  # decode-sized: stays fp32 for the exact int16-activation GEMVs
+    assert norm.for_linear(few).dtype == torch.float32

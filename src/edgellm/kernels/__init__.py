@@ -9,12 +9,14 @@ these (decode.py).
 Prompts (prompt.py): `int4_unpack_bf16` and `blocks_to_bf16` unpack weights into one reused bf16
 scratch for the bf16 GEMM (~3x the INT4 kernel here); `attention` runs a chunk's attention 2-4x
 faster than PyTorch's flash kernel; `gated_act` is the gated MLP's act(gate)·up in one pass;
-`norm_rope` a per-head norm and RoPE in place. EDGELLM_KERNELS=0 turns all of it off."""
+`norm_rope` a per-head norm and RoPE in place; `rms_norm_bf16` / `add_rms_norm` a sublayer's
+norm with its cast or residual add. EDGELLM_KERNELS=0 turns all of it off."""
 from edgellm.kernels.build import available, library, profiled
 from edgellm.kernels.gemv import MAX_ROWS, block_gemv, int4_gemv, supports
-from edgellm.kernels.prompt import (SCRATCH_ROWS, attention, attention_bf16_values, attention_supports, blocks_to_bf16, gated_act,
-                                    gated_act_supports, int4_unpack_bf16, norm_rope, norm_rope_supports, scratch_bf16)
+from edgellm.kernels.prompt import (SCRATCH_ROWS, add_rms_norm, add_rms_norm_supports, attention, attention_bf16_values,
+                                    attention_supports, blocks_to_bf16, gated_act, gated_act_supports, int4_unpack_bf16,
+                                    norm_rope, norm_rope_supports, rms_norm_bf16, rms_norm_supports, scratch_bf16)
 
-__all__ = ["MAX_ROWS", "SCRATCH_ROWS", "attention", "attention_bf16_values", "attention_supports", "available", "block_gemv",
+__all__ = ["MAX_ROWS", "SCRATCH_ROWS", "add_rms_norm", "add_rms_norm_supports", "attention", "attention_bf16_values", "attention_supports", "available", "block_gemv",
            "blocks_to_bf16", "gated_act", "gated_act_supports", "int4_gemv", "int4_unpack_bf16", "library",
-           "norm_rope", "norm_rope_supports", "profiled", "scratch_bf16", "supports"]
+           "norm_rope", "norm_rope_supports", "profiled", "rms_norm_bf16", "rms_norm_supports", "scratch_bf16", "supports"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 SOURCES = ("activations.h", "vec_math.h", "layer_ops.h", "int4_gemv.c", "block_gemv.c", "dequant.c", "attention.c",
-           "act.c", "rope.c", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
+           "act.c", "rope.c", "norm.c", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
 
 _p, _i, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # exported function -> (return type, argument types); layer functions are typed in decode.py
@@ -33,6 +33,8 @@ _SIGNATURES = {
     "edgellm_attention_bf16_values": (_i, []),
     "edgellm_gated_act_bf16": (None, [_p, _i64, _i64, _i, _p, _i]),
     "edgellm_norm_rope": (None, [_p, _i64, _i64, _i64, _i64, _p, _f32, _p, _p, _i]),
+    "edgellm_rms_norm_bf16": (None, [_p, _i64, _i64, _p, _f32, _p, _i]),
+    "edgellm_add_rms_norm": (None, [_p, _p, _i64, _i64, _p, _f32, _p, _i]),
 }
 
 

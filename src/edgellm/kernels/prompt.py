@@ -1,6 +1,6 @@
 """Prompt-sized work in native code: weights unpacked to a bf16 scratch for the GEMM (dequant.c,
 block_gemv.c), chunk attention (attention.c), the gated MLP's middle (act.c), per-head norm and
-RoPE (rope.c)."""
+RoPE (rope.c), RMSNorm fused with its cast or residual add (norm.c)."""
 from __future__ import annotations
 
 import threading
@@ -126,3 +126,37 @@ def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: tor
         library().edgellm_norm_rope(x.data_ptr(), t, h, d, x.stride(1), None if weight is None else weight.data_ptr(),
                                      eps, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
     return x
+
+
+NORM_MIN_ROWS = 5  # decode-sized inputs (<= 4 rows) stay fp32: the int16-activation GEMVs want them exact
+
+
+def rms_norm_supports(x: torch.Tensor) -> bool:
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (available() and x.dtype == torch.float32 and x.is_contiguous() and x.shape[-1] % 16 == 0
+            and rows >= NORM_MIN_ROWS)
+
+
+def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """bf16(RMSNorm(x) · w) for x (..., D) fp32: a linear's input in one pass."""
+    d = x.shape[-1]
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    with profiled("edgellm::rms_norm"):
+        library().edgellm_rms_norm_bf16(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
+                                        torch.get_num_threads())
+    return out
+
+
+def add_rms_norm_supports(residual: torch.Tensor, y: torch.Tensor) -> bool:
+    return (rms_norm_supports(residual) and y.dtype == torch.bfloat16 and y.is_contiguous()
+            and y.shape == residual.shape)
+
+
+def add_rms_norm(residual: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual + RMSNorm(y) · w for residual (..., D) fp32 and y (..., D) bf16, as a new fp32 tensor."""
+    d = residual.shape[-1]
+    out = torch.empty(residual.shape, dtype=torch.float32)
+    with profiled("edgellm::add_rms_norm"):
+        library().edgellm_add_rms_norm(residual.data_ptr(), y.data_ptr(), residual.numel() // d, d, weight.data_ptr(),
+                                       eps, out.data_ptr(), torch.get_num_threads())
+    return out

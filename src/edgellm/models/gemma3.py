@@ -91,18 +91,18 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: Gemma3Config, w: Weights, i: int):
         super().__init__()
-        p, eps = f"blk.{i}", cfg.rms_eps
+        p, eps, native = f"blk.{i}", cfg.rms_eps, w.mode == "fast"
         self.sliding = cfg.is_sliding(i)
-        self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), eps)
+        self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), eps, native)
         self.attn = Attention(cfg, w, p, self.sliding)
-        self.post_attn_norm = RMSNorm(w.vector(f"{p}.post_attention_norm.weight"), eps)
-        self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), eps)
+        self.post_attn_norm = RMSNorm(w.vector(f"{p}.post_attention_norm.weight"), eps, native)
+        self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), eps, native)
         self.mlp = GatedMLP(w, p, "gelu_tanh")
-        self.post_mlp_norm = RMSNorm(w.vector(f"{p}.post_ffw_norm.weight"), eps)
+        self.post_mlp_norm = RMSNorm(w.vector(f"{p}.post_ffw_norm.weight"), eps, native)
 
     def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
-        h = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, cache))
-        return h + self.post_mlp_norm(self.mlp(self.mlp_norm(h)))
+        h = self.post_attn_norm.add_to(x, self.attn(self.attn_norm.for_linear(x), rope, cache))
+        return self.post_mlp_norm.add_to(h, self.mlp(self.mlp_norm.for_linear(h)))
 
 
 class Gemma3(nn.Module):

@@ -12,16 +12,31 @@ from edgellm.kv.cache import causal_mask
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x²) + eps) · w, in fp32 (the residual stream's dtype) whatever x's."""
+    """y = x / sqrt(mean(x²) + eps) · w, in fp32 (the residual stream's dtype) whatever x's.
 
-    def __init__(self, weight: torch.Tensor, eps: float):
+    With `native` (fast mode), prompt-sized inputs take kernels/norm.c: `for_linear` hands the
+    next linear its bf16 input directly, `add_to` is a normed residual add in one pass."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, native: bool = False):
         super().__init__()
         self.weight = nn.Parameter(weight.float(), requires_grad=False)
         self.shape = tuple(weight.shape)
-        self.eps = eps
+        self.eps, self.native = eps, native
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), self.shape, self.weight, self.eps)
+
+    def for_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """Norm(x) as a linear's input: bf16 for a prompt in fast mode (the linear casts to it anyway)."""
+        if self.native and kernels.rms_norm_supports(x):
+            return kernels.rms_norm_bf16(x, self.weight, self.eps)
+        return self(x)
+
+    def add_to(self, residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """residual + Norm(y)."""
+        if self.native and kernels.add_rms_norm_supports(residual, y):
+            return kernels.add_rms_norm(residual, y, self.weight, self.eps)
+        return residual + self(y)
 
 
 class Rotary(nn.Module):

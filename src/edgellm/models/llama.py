@@ -95,14 +95,15 @@ class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig, w: Weights, i: int, permuted: bool):
         super().__init__()
         p = f"blk.{i}"
-        self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), cfg.rms_eps)
+        native = w.mode == "fast"
+        self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), cfg.rms_eps, native)
         self.attn = Attention(cfg, w, p, permuted)
-        self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), cfg.rms_eps)
+        self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), cfg.rms_eps, native)
         self.mlp = GatedMLP(w, p, "silu")
 
     def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm(x), rope, cache)
-        return h + self.mlp(self.mlp_norm(h))
+        h = x + self.attn(self.attn_norm.for_linear(x), rope, cache)
+        return h + self.mlp(self.mlp_norm.for_linear(h))
 
 
 class Llama(nn.Module):
