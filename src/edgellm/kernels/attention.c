@@ -1,4 +1,5 @@
-/* Attention for a prompt chunk: T new queries over S cached keys, fp32 throughout.
+/* Attention for a prompt chunk: T new queries over S cached keys. Scores and softmax in fp32;
+   P.V in bf16 where the CPU has AVX512-BF16 (else fp32).
 
    PyTorch's flash kernel runs ~80-100 GFLOP/s here on these head sizes, and a ring cache's
    boolean mask doubles its work; this kernel vectorizes across keys instead of within a dot
@@ -78,26 +79,13 @@ static void softmax_rows(const Problem *p, int rows, const int64_t *t, int64_t l
     }
 }
 
-/* out rows = P . V, 32 columns of D at a time. */
-__attribute__((unused)) static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                            int64_t len, const float *sc, const float *inv_sum) {
-    const float *v = p->v + hk * p->kv_h;
-    for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
-        __m512 acc[ROWS][2];
-        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < len; j++) {
-            __m512 v0 = _mm512_loadu_ps(v + j * p->kv_s + d0), v1 = _mm512_loadu_ps(v + j * p->kv_s + d0 + 16);
-            for (int i = 0; i < rows; i++) {
-                __m512 pij = _mm512_set1_ps(sc[i * p->s_pad + j]);
-                acc[i][0] = _mm512_fmadd_ps(pij, v0, acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(pij, v1, acc[i][1]);
-            }
-        }
-        for (int i = 0; i < rows; i++) {
-            float *o = p->out + (t[i] * p->H + h[i]) * p->D + d0;
-            _mm512_storeu_ps(o, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(inv_sum[i])));
-            _mm512_storeu_ps(o + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(inv_sum[i])));
-        }
+/* Rows of the output for columns d0 .. d0 + 32 of D: the accumulated P.V times 1 / sum. */
+static inline void store_rows(const Problem *p, int rows, const int64_t *h, const int64_t *t, int64_t d0,
+                              __m512 acc[][2], const float *inv_sum) {
+    for (int i = 0; i < rows; i++) {
+        float *o = p->out + (t[i] * p->H + h[i]) * p->D + d0;
+        _mm512_storeu_ps(o, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(inv_sum[i])));
+        _mm512_storeu_ps(o + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(inv_sum[i])));
     }
 }
 
@@ -105,8 +93,8 @@ __attribute__((unused)) static void weighted_values(const Problem *p, int64_t hk
 /* P . V with vdpbf16ps: probabilities and V rounded to bf16 (relative error ~2^-9, like the bf16
    activations of every linear), twice the fp32 FMA rate. Scores stay fp32: their errors would be
    exponentiated. vp holds V as pairs of keys: element (j/2, d) = (V[j][d], V[j+1][d]). */
-static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                                 int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
+static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+                            int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
     int64_t pairs = (len + 1) / 2, row_len = pairs * 2;
     for (int i = 0; i < rows; i++)  /* probabilities as bf16, zero past len (the pad key's weight) */
         for (int64_t j = 0; j < row_len; j += 16) {
@@ -127,15 +115,11 @@ static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const i
                 acc[i][1] = _mm512_dpbf16_ps(acc[i][1], pij, v1);
             }
         }
-        for (int i = 0; i < rows; i++) {
-            float *o = p->out + (t[i] * p->H + h[i]) * p->D + d0;
-            _mm512_storeu_ps(o, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(inv_sum[i])));
-            _mm512_storeu_ps(o + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(inv_sum[i])));
-        }
+        store_rows(p, rows, h, t, d0, acc, inv_sum);
     }
 }
 
-/* V of every KV head as bf16 key pairs (see weighted_values_bf16), zero past S. */
+/* V of every KV head as bf16 key pairs (see weighted_values), zero past S. */
 static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t S, int64_t Hkv, int64_t D,
                              int64_t s_pad, uint32_t *vp, int threads) {
 #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
@@ -152,13 +136,32 @@ static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t
 }
 #define VALUE_PAIRS 1
 #else
+/* out rows = P . V in fp32, 32 columns of D at a time. */
+static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+                            int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
+    (void)pb;  /* the bf16 variant's probability buffer */
+    const float *v = p->v + hk * p->kv_h;
+    for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
+        __m512 acc[ROWS][2];
+        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < len; j++) {
+            __m512 v0 = _mm512_loadu_ps(v + j * p->kv_s + d0), v1 = _mm512_loadu_ps(v + j * p->kv_s + d0 + 16);
+            for (int i = 0; i < rows; i++) {
+                __m512 pij = _mm512_set1_ps(sc[i * p->s_pad + j]);
+                acc[i][0] = _mm512_fmadd_ps(pij, v0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(pij, v1, acc[i][1]);
+            }
+        }
+        store_rows(p, rows, h, t, d0, acc, inv_sum);
+    }
+}
 #define VALUE_PAIRS 0
 #endif
 
-/* Floats of `work` the call needs: Kt plus one score block per thread. */
+/* Floats of `work` the call needs: Kt, then per thread a score block and its bf16 copy, then
+   (with AVX512-BF16) the bf16 V pairs. */
 int64_t edgellm_attention_work(int64_t S, int64_t Hkv, int64_t D, int threads) {
     int64_t s_pad = (S + 15) / 16 * 16;
-    /* Kt, then per thread: a score block and its bf16 copy; then the bf16 V pairs */
     return Hkv * D * s_pad + (int64_t)threads * ROWS * s_pad * 3 / 2 + VALUE_PAIRS * Hkv * D * s_pad / 2;
 }
 
@@ -191,7 +194,6 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
     {
         float *sc = per_thread + (int64_t)omp_get_thread_num() * ROWS * s_pad * 3 / 2;
         uint16_t *pb = (uint16_t *)(sc + ROWS * s_pad);  /* bf16 probabilities (AVX512-BF16 path) */
-        (void)pb;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             int64_t tb = items - 1 - item; /* biggest blocks first */
@@ -208,11 +210,7 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
             float inv_sum[ROWS];
             scores(&p, hk, rows, h, t, len, sc);
             softmax_rows(&p, rows, t, len, sc, inv_sum);
-#if VALUE_PAIRS
-            weighted_values_bf16(&p, hk, rows, h, t, len, sc, inv_sum, pb);
-#else
-            weighted_values(&p, hk, rows, h, t, len, sc, inv_sum);
-#endif
+            weighted_values(&p, hk, rows, h, t, len, sc, inv_sum, pb);
         }
     }
 }

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("activations.h", "vec_math.h", "layer_ops.h", "int4_gemv.c", "block_gemv.c", "dequant.c", "attention.c",
+SOURCES = ("activations.h", "vec_math.h", "int4_pack.h", "layer_ops.h", "int4_gemv.c", "block_gemv.c", "dequant.c", "attention.c",
            "act.c", "rope.c", "norm.c", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
 
 _p, _i, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float

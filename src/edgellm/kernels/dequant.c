@@ -2,7 +2,7 @@
    prompt runs on the bf16 GEMM (~2.5-3x the INT4 kernel's speed at M >= 32) while the
    model keeps only the 4-bit bytes: the bf16 copy lives in one reused scratch buffer.
 
-   The packed layout (see int4_gemv.c) stores, per 64-row block and per k, 32 bytes whose
+   The packed layout (int4_pack.h) stores, per 64-row block and per k, 32 bytes whose
    byte i holds row i (low nibble) and row 32 + i (high nibble): 64 consecutive rows of one
    column. So the natural output is the transposed weight Wt (K, N), row k contiguous in n,
    which the GEMM takes as x @ Wt as fast as x @ W^T. With planes = 2 the two 4-bit planes
@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "int4_pack.h"
 #include "vec_math.h"
 
 /* Row block nb of Wt: columns [nb*64, nb*64 + 64) of every k. */
@@ -32,10 +33,8 @@ static void unpack_block(const uint8_t *packed, const uint16_t *scale_zero, int6
             };
             const uint16_t *sz = scale_zero + ((kp / group) * n + nb * 64) * 2;
             for (int r = 0; r < 4; r++) {
-                __m512i v = _mm512_loadu_si512((const void *)(sz + r * 32));
-                __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-                __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000)));
-                __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), scale, zero); /* zero - 8 scale */
+                __m512 scale, offset;
+                int4_scale_offset(sz + r * 32, &scale, &offset);
                 out[r] = _mm512_add_ps(out[r], _mm512_fmadd_ps(q[r], scale, offset));
             }
         }

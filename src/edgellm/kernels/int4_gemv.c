@@ -1,29 +1,24 @@
-/* Decode-time matrix-vector product over torch's packed INT4 CPU layout, with AVX-512 VNNI.
+/* Decode-time matrix-vector product over torch's packed INT4 CPU layout (int4_pack.h), with
+   AVX-512 VNNI: the weights stay in the bytes torch packed, no second copy.
 
-   Weights stay exactly where torch's `_convert_weight_to_int4pack_for_cpu` (AVX-512 build)
-   put them: rows in blocks of 64; inside a block, for each k, 32 bytes whose byte i holds
-   row i in the low nibble and row 32 + i in the high nibble. Per group of `group` k's and per
-   row, `scale_zero` holds bf16 (scale, zero): w = (q - 8) * scale + zero.
-
-   Activations are quantized per group to int16 (activations.h), so the inner loop is integer multiply-adds (vpdpwssd: two int16
-   products per int32 lane) and each group ends with one float fma per row:
+   Activations are quantized per group to int16 (activations.h), so the inner loop is integer
+   multiply-adds (vpdpwssd: two int16 products per int32 lane) and each group ends with one
+   float fma per row:
 
      y[n] = sum_g  scale[g][n] * dx[g] * sum_{k in g} q[n][k] * qx[k]
                  + (zero[g][n] - 8 * scale[g][n]) * sum_{k in g} x[k]
 
    With planes = 2 the weight's K is twice the activation's (two 4-bit planes side by side,
-   see quant/linear.py) and activation k maps to k mod K. Built with -march=native at first
-   use (kernels/__init__.py); callers check `edgellm_int4_supported` first. */
+   see quant/linear.py) and activation k maps to k mod K. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "activations.h"
+#include "int4_pack.h"
 
 #define MAX_M 4
-
-int edgellm_int4_supported(void) { return 1; }
 
 /* Rows [nb*64, nb*64 + 64) of y for m rows of activations. */
 static void block64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw,
@@ -63,10 +58,8 @@ static void block64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n
         /* (scale, zero) bf16 pairs of rows nb*64 .. +64 in group g: 4 x 16 lanes of 32 bits */
         const uint16_t *sz = scale_zero + (g * n + nb * 64) * 2;
         for (int r = 0; r < 4; r++) {
-            __m512i v = _mm512_loadu_si512((const void *)(sz + r * 32));
-            __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-            __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000)));
-            __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), scale, zero);  /* zero - 8 scale */
+            __m512 scale, offset;
+            int4_scale_offset(sz + r * 32, &scale, &offset);
             for (int i = 0; i < m; i++) {
                 int64_t gi = i * (ka / group) + ga / group;
                 __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(dx[gi]));

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec_math.h"
+
 void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed, const uint16_t *scale_zero,
                        int64_t n, int64_t kw, int64_t group, float *y, void *work, int threads);
 
@@ -12,8 +14,8 @@ void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks,
                         void *work, int threads);
 
 /* One stored weight: torch-packed INT4 (kind WEIGHT_INT4, scale_zero set), a dense bf16 (n, ka)
-   matrix (WEIGHT_BF16: the GGUF types with no exact INT4 form, e.g. Q6_K), or GGUF Q8_0 / Q5_0
-   blocks read in place (kind = the ggml type number, block_gemv.c). */
+   matrix (WEIGHT_BF16: GGUF types with neither an exact INT4 form nor a block kernel, e.g. F16),
+   or GGUF Q8_0 / Q5_0 / Q6_K blocks read in place (kind = the ggml type number, block_gemv.c). */
 enum { WEIGHT_INT4 = -1, WEIGHT_BF16 = -2 };
 typedef struct {
     int64_t kind;
@@ -35,10 +37,8 @@ static inline void bf16_gemv(const uint16_t *w, const float *x, int64_t n, int64
     for (int64_t r = 0; r < n; r++) {
         const uint16_t *row = w + r * k;
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t i = 0; i < k; i += 16) {
-            __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + i)));
-            acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)), _mm512_loadu_ps(x + i), acc);
-        }
+        for (int64_t i = 0; i < k; i += 16)
+            acc = _mm512_fmadd_ps(bf16_to_ps(_mm256_loadu_si256((const __m256i *)(row + i))), _mm512_loadu_ps(x + i), acc);
         y[r] = _mm512_reduce_add_ps(acc);
     }
 }
