@@ -80,6 +80,13 @@ def test_long_string_arrays_read_compactly_and_equal_the_list(tmp_path):
     assert list(tokens) == [t.decode() for t in strings] and tokens == [t.decode() for t in strings]
     with pytest.raises(IndexError):
         tokens[len(strings)]
+    other = strings[:5] + [b"tok5!"] + strings[6:]  # one token changed, same count
+    with open_gguf(_write(tmp_path, craft(kv=[("general.architecture", 8, _string("llama")),
+                                              ("tokens", 9, _long_strings(other))]), "other.gguf")) as f:
+        changed = f.metadata["tokens"]
+    assert tokens.fingerprint() != changed.fingerprint()  # what the tokenizer cache is keyed on
+    with open_gguf(tmp_path / "model.gguf") as f:
+        assert f.metadata["tokens"].fingerprint() == tokens.fingerprint()
 
 
 @pytest.mark.parametrize("bad", [b"\xff", b"ab\xc3", b"\xe2\x82"])  # invalid, and cut mid-character

@@ -61,7 +61,7 @@ def _weight(linear) -> _Projection:
     if isinstance(linear, BlockLinear):
         parts = [_WeightPart(t, rows.data_ptr(), None, rows.shape[0], linear.in_features, linear.in_features, 32)
                  for rows, t in zip(linear.rows, linear.types)]
-    elif isinstance(linear, DenseLinear):  # bf16 (N, K), e.g. Gemma's Q6_K projections
+    elif isinstance(linear, DenseLinear):  # bf16 (N, K): formats with no INT4 or block kernel
         parts = [_WeightPart(_WEIGHT_BF16, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
                              linear.in_features, 0)]
     else:
@@ -176,9 +176,8 @@ _NATIVE_KV = (torch.float32, torch.float16)  # what layer_ops.h's KVSlots can ho
 def _plain_float(cache) -> bool:
     if type(cache) not in (DenseCache, RingCache) or cache.k.batch != 1:
         return False
-    stores = (cache.k, cache.v)
-    return all(isinstance(s.codec, FloatCodec) for s in stores) and cache.k.codec.dtype == cache.v.codec.dtype \
-        and cache.k.codec.dtype in _NATIVE_KV
+    k, v = cache.k.codec, cache.v.codec
+    return isinstance(k, FloatCodec) and isinstance(v, FloatCodec) and k.dtype == v.dtype and k.dtype in _NATIVE_KV
 
 
 def fused_step(net, tokens: torch.Tensor, caches) -> torch.Tensor | None:

@@ -8,7 +8,7 @@ import threading
 import torch
 
 from edgellm.kernels.build import available, library, profiled
-from edgellm.kernels.gemv import check_block_type
+from edgellm.kernels.gemv import MAX_ROWS, check_block_type
 
 _scratch = threading.local()
 SCRATCH_ROWS = 8192  # weights are unpacked at most this many output rows at a time (10 MB at K = 640)
@@ -57,7 +57,7 @@ def blocks_to_bf16(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tensor
 def attention_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether `attention` takes these (1, H, T, D) queries and (1, Hkv, S, D) keys."""
     h, d, hkv = q.shape[1], q.shape[3], k.shape[1]
-    return (q.shape[0] == 1 and d % 32 == 0 and h % hkv == 0 and q.dtype == k.dtype == torch.float32
+    return (available() and q.shape[0] == 1 and d % 32 == 0 and h % hkv == 0 and q.dtype == k.dtype == torch.float32
             and q.stride(3) == k.stride(3) == 1)
 
 
@@ -128,7 +128,7 @@ def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: tor
     return x
 
 
-NORM_MIN_ROWS = 5  # decode-sized inputs (<= 4 rows) stay fp32: the int16-activation GEMVs want them exact
+NORM_MIN_ROWS = MAX_ROWS + 1  # decode-sized inputs stay fp32: the int16-activation GEMVs want them exact
 
 
 def rms_norm_supports(x: torch.Tensor) -> bool:

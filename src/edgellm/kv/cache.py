@@ -116,21 +116,20 @@ class RingCache:
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
         t = k.shape[2]
         q_pos = torch.arange(self.offset, self.offset + t)
+        fresh = self.offset == 0
         if t == 1:
             self._write(k, v, q_pos)
             keys, values, k_pos = self.k.read(self.window), self.v.read(self.window), self.positions
-        elif self.offset == 0:  # a fresh prefill sees only itself
-            self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
-            self.offset = t
+        else:  # a fresh prefill sees only itself; a later chunk, the old slots + itself
             keys, values, k_pos = k.float(), v.float(), q_pos
-            if t <= self.window:
-                return keys, values, CAUSAL
-        else:  # a chunk may span more than the window: attend over old slots + the chunk
-            keys = torch.cat((self.k.read(self.window), k.float()), dim=2)
-            values = torch.cat((self.v.read(self.window), v.float()), dim=2)
-            k_pos = torch.cat((self.positions, q_pos))
+            if not fresh:
+                keys = torch.cat((self.k.read(self.window), keys), dim=2)
+                values = torch.cat((self.v.read(self.window), values), dim=2)
+                k_pos = torch.cat((self.positions, q_pos))
             self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
-        self.offset = int(q_pos[-1]) + 1
+        self.offset += t
+        if fresh and 1 < t <= self.window:
+            return keys, values, CAUSAL
         visible = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (q_pos[:, None] - k_pos[None, :] < self.window)
         return keys, values, (None if t == 1 and bool(visible.all()) else visible)
 

@@ -96,7 +96,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     if isinstance(k, list):
         return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale, native=native)
                           for i in range(len(k))])
-    if native and q.shape[2] > 1 and kernels.available() and kernels.attention_supports(q, k):
+    if native and q.shape[2] > 1 and kernels.attention_supports(q, k):
         if visibility is None:  # every key visible: the kernel's None means causal
             visibility = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
         return kernels.attention(q, k, v, scale, None if isinstance(visibility, str) else visibility)

@@ -49,13 +49,21 @@ class Vocab:
         header = (BUILD_VERSION, self.model, self.pre, self.architecture, self.add_space_prefix, self.unk_id)
         digest.update(repr(header).encode())
         # NUL cannot occur inside a GGUF string used as a token, so joining is unambiguous.
-        digest.update("\0".join(self.tokens).encode("utf-8", "surrogatepass"))
+        digest.update(_strings_key(self.tokens, "\0"))
         digest.update(np.asarray(self.types, dtype="<i4").tobytes())
         if self.scores is not None:
             digest.update(np.ascontiguousarray(self.scores, dtype="<f4").tobytes())
         if self.merges is not None:
-            digest.update("\n".join(self.merges).encode())
+            digest.update(_strings_key(self.merges, "\n"))
         return digest.hexdigest()[:32]
+
+
+def _strings_key(strings: Sequence[str], separator: str) -> bytes:
+    # A StringArray identifies itself without decoding its strings (the GGUF reader's form of
+    # every long list); a plain list is joined.
+    if isinstance(strings, StringArray):
+        return strings.fingerprint()
+    return separator.join(strings).encode("utf-8", "surrogatepass")
 
 
 def _optional_id(metadata: Mapping[str, Any], key: str, n_tokens: int) -> int | None:
