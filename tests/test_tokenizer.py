@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import codecs
-import time
+import random
 from pathlib import Path
 
 import pytest
 
+import edgellm
 from edgellm.tokenizer import build as tokenizer_build
 from edgellm.chat_template import GEMMA_TEMPLATE, ChatTemplate
 from edgellm.errors import InvalidRequest, TokenizerError
@@ -318,6 +319,50 @@ def test_tiny_sentencepiece_vocab_derives_merges(tmp_path, monkeypatch):
     assert tok.decode(tok.encode("ab abA")) == "<s>ab abA"
 
 
+def _random_sentencepiece_vocab(rng: random.Random, architecture: str) -> dict:
+    """A small vocabulary where many tokens split several ways, so merge order decides."""
+    alphabet = ["a", "b", "c", "▁"]
+    tokens = ["<unk>", "<s>", "</s>", "<x>", *alphabet, *(f"<0x{b:02X}>" for b in (0x41, 0xC3, 0xA9))]
+    while len(tokens) < 80:
+        token = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 5)))
+        if token not in tokens:
+            tokens.append(token)
+    types = [2, 3, 3, 3, *[1] * 4, *[6] * 3, *[1] * (len(tokens) - 11)]
+    return {
+        "general.architecture": architecture, "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": [rng.choice([-1.0, -2.0, -3.0]) for _ in tokens],  # ties on purpose
+        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_space_prefix": False,
+    }
+
+
+@pytest.mark.parametrize("architecture", ["gemma3", "llama"])  # merges ranked by position / by score
+def test_own_sentencepiece_encoder_matches_tokenizers_on_random_vocabularies(architecture):
+    rng = random.Random(architecture)
+    for _ in range(20):
+        metadata = _random_sentencepiece_vocab(rng, architecture)
+        ours = Tokenizer.from_gguf_metadata(metadata)
+        reference = tokenizer_build.build_sentencepiece_hf(ours._vocab)
+        for _ in range(50):  # é falls back to bytes, A is a byte token, d and ü are <unk>
+            text = "".join(rng.choice(["a", "b", "c", " ", "ab", "é", "A", "d", "ü", "<x>"]) for _ in range(30))
+            expected = reference.encode(text, add_special_tokens=False).ids
+            assert ours.encode(text, add_special_tokens=False) == expected, (metadata["tokenizer.ggml.tokens"], text)
+            assert ours.decode(expected) == reference.decode(expected, skip_special_tokens=False)
+
+
+def test_vocab_index_finds_every_token_and_the_last_of_equals():
+    from edgellm.tokenizer.index import VocabIndex
+
+    tokens = [f"t{i}" for i in range(5000)] + ["dup", "x", "dup", ""]
+    index = VocabIndex(tokens)
+    assert all(index.get(t) == i for i, t in enumerate(tokens[:5000]))
+    assert index.get("dup") == 5002 and index.get("") == 5003 and "x" in index
+    assert index.get("t5000") is None and index.get("du") is None
+    spaced = VocabIndex(["  ", "a"], spell=lambda t: t.replace(" ", "▁"))
+    assert spaced.get("▁▁") == 0 and spaced.get("  ") is None
+
+
 def _metadata(path: Path) -> dict:
     return dict(open_gguf(path).metadata)
 
@@ -353,17 +398,28 @@ def test_corrupt_cache_entry_is_rebuilt(smollm2_path, tmp_path, monkeypatch):
     assert cached.read_text().startswith("{")  # rewritten
 
 
-@pytest.mark.slow
-def test_gemma3_cache_build_then_load(gemma3_path, tmp_path, monkeypatch):
+def _random_texts(pieces: list[str], count: int, seed: int) -> list[str]:
+    """Texts glued from vocabulary pieces, spaces, rare characters and added-token text: where
+    merge order, byte fallback and added-token cutting can go wrong."""
+    rng = random.Random(seed)
+    extra = [" ", "  ", "\n", "\n\n", "\t", "é", "😀", "\x00", "ﬁ", "<", ">", "<bos>", "<end_of_turn>", "<start_of_turn>"]
+    return ["".join(rng.choice(pieces if rng.random() < 0.7 else extra) for _ in range(rng.randint(0, 40)))
+            for _ in range(count)]
+
+
+def test_gemma3_own_encoder_matches_tokenizers_build(gemma3, gemma3_path, tmp_path, monkeypatch):
+    """edgellm encodes SentencePiece vocabularies itself, writes no cache, and agrees with the
+    `tokenizers` build of the same vocabulary (transformers parity: the slow test above)."""
     monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path))
     metadata = _metadata(gemma3_path)
-    start = time.perf_counter()
-    built = Tokenizer.from_gguf_metadata(metadata)
-    build_s = time.perf_counter() - start
-    start = time.perf_counter()
-    loaded = Tokenizer.from_gguf_metadata(metadata)
-    load_s = time.perf_counter() - start
-    print(f"gemma3 tokenizer: build {build_s:.2f}s, cached load {load_s:.2f}s")
-    assert load_s < build_s
-    for text in CORPUS:
-        assert loaded.encode(text) == built.encode(text)
+    ours = Tokenizer.from_gguf_metadata(metadata)
+    assert not list(tmp_path.rglob("*.json"))
+    reference = tokenizer_build.build_sentencepiece_hf(ours._vocab)
+    tokens = metadata["tokenizer.ggml.tokens"]
+    pieces = [tokens[i].replace("▁", " ") for i in random.Random(0).sample(range(len(tokens)), 3000)]
+    heldout = (Path(edgellm.__file__).parent / "data" / "heldout.txt").read_text()
+    for text in [*CORPUS, heldout, *_random_texts(pieces, 300, seed=1)]:
+        expected = reference.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, add_special_tokens=False) == expected, text
+        assert ours.decode(expected) == reference.decode(expected, skip_special_tokens=False), text
+        assert ours.decode(expected, skip_special_tokens=True) == reference.decode(expected, skip_special_tokens=True)

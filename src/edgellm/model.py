@@ -60,7 +60,7 @@ class Model:
                  kv: KVConfig | None = None):
         self.source, self.path = source, Path(source.path)
         self.tokenizer = load_tokenizer(source)
-        trim()  # reading a cached tokenizer's JSON leaves ~180 MB (Gemma) of freed heap behind
+        trim()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
         packed = pack_cache_for(source.path, mode)
         self.net = build_model(source, self.tokenizer.vocab_size, mode, packed)

@@ -1,15 +1,17 @@
-"""Tokenizers rebuilt from GGUF metadata, on top of the `tokenizers` library.
+"""Hugging Face `tokenizers` backends rebuilt from GGUF metadata.
 
 A GGUF carries no tokenizer.json, only llama.cpp's description of one: the vocabulary, token
 types, and either BPE merges (byte-level "gpt2" vocabularies) or per-token scores
 (SentencePiece "llama" vocabularies). We rebuild the same tokenizer transformers builds from
 the same file, so token ids agree with the Hugging Face reference:
 
-* gpt2: byte-level BPE with the GPT-2 split regex, the file's merges as given.
+* gpt2: byte-level BPE with the GPT-2 split regex, the file's merges as given. This is the
+  backend edgellm encodes with; the build is cached on disk.
 * llama: SentencePiece-style BPE with byte fallback and no prefix space (Gemma's kind; files
   that ask for a prefix space are refused for now). The file has no merges, so they are
   derived from the vocabulary (every split of a token into two vocabulary pieces), ranked by
-  token position (Gemma) or score -- slow enough (~1 s + build) that the result is cached on disk.
+  token position (Gemma) or score. edgellm encodes these with its own compact encoder
+  (sentencepiece.py); this build serves model export and is the tests' second opinion.
 
 CONTROL tokens become special added tokens and USER_DEFINED ones plain added tokens, so their
 text in the input maps to the single token, as llama.cpp does.
@@ -21,6 +23,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+import numpy as np
 from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
@@ -92,20 +95,29 @@ def _split_merge(merge: str) -> tuple[str, str]:
 # -- SentencePiece ("llama") vocabularies -----------------------------------------------------
 
 
-def _sentencepiece_spelling(token: str) -> str:
-    # Gemma files store whitespace-run tokens with real spaces; the normalizer produces '▁'.
+def spell_piece(token: str) -> str:
+    """A SentencePiece token as the tokenizer sees it: Gemma files store whitespace-run tokens
+    with real spaces, where the text the tokenizer reads has '▁'."""
     if token and not token.strip(" "):
         return SPIECE_SPACE * len(token)
     return token
 
 
+def merge_ranks(vocab: Vocab) -> np.ndarray:
+    """Each token's merge priority as a merge result, lower first: its position (Gemma), or its
+    place in descending score order (ties keep position)."""
+    n = len(vocab.tokens)
+    if vocab.architecture in _POSITION_RANKED_ARCHS or vocab.scores is None:
+        return np.arange(n, dtype=np.int32)
+    ranks = np.empty(n, np.int32)
+    ranks[np.argsort(-np.asarray(vocab.scores, np.float64), kind="stable")] = np.arange(n, dtype=np.int32)
+    return ranks
+
+
 def _merge_order(vocab: Vocab, spelled: Mapping[str, int]) -> list[str]:
     """Tokens from most to least preferred merge result."""
-    by_position = sorted(spelled, key=spelled.__getitem__)
-    if vocab.architecture in _POSITION_RANKED_ARCHS or vocab.scores is None:
-        return by_position
-    scores = vocab.scores
-    return sorted(by_position, key=lambda t: -float(scores[spelled[t]]))  # stable: ties keep position
+    ranks = merge_ranks(vocab)
+    return sorted(spelled, key=lambda t: ranks[spelled[t]])
 
 
 def _derive_merges(ordered: Iterable[str], spelled: Mapping[str, int]) -> list[tuple[str, str]]:
@@ -122,14 +134,21 @@ def _derive_merges(ordered: Iterable[str], spelled: Mapping[str, int]) -> list[t
     return merges
 
 
-def _build_sentencepiece(vocab: Vocab) -> Backend:
+def check_sentencepiece(vocab: Vocab) -> None:
+    """Refuse SentencePiece vocabularies neither builder reproduces."""
     if vocab.pre != "default":
         raise TokenizerError(f"unsupported SentencePiece pre-tokenizer {vocab.pre!r}")
     if vocab.add_space_prefix:
         # Llama-2-style vocabularies also need a prefix space on encode and its removal on
         # decode; unverified against a reference model, so refused rather than guessed.
         raise TokenizerError("SentencePiece vocabularies with add_space_prefix are not supported yet")
-    spelled = {_sentencepiece_spelling(t): i for i, t in enumerate(vocab.tokens)}
+
+
+def build_sentencepiece_hf(vocab: Vocab) -> Backend:
+    """The `tokenizers` build of a SentencePiece vocabulary (not cached: edgellm encodes these
+    itself, and export needs it once)."""
+    check_sentencepiece(vocab)
+    spelled = {spell_piece(t): i for i, t in enumerate(vocab.tokens)}
     merges = _derive_merges(_merge_order(vocab, spelled), spelled)
     unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
     backend = Backend(BPE(vocab=spelled, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
@@ -167,23 +186,43 @@ def _add_added_tokens(
 def _build(vocab: Vocab) -> Backend:
     if vocab.model == "gpt2":
         return _build_byte_level(vocab)
-    return _build_sentencepiece(vocab)
+    return build_sentencepiece_hf(vocab)
 
 
 def _cache_path(vocab: Vocab) -> Path:
     return cache_dir() / "tokenizers" / f"{vocab.cache_key()}.json"
 
 
-def load_or_build(vocab: Vocab) -> Backend:
+class HFBackend:
+    """A `tokenizers` Tokenizer behind the interface edgellm's Tokenizer encodes with."""
+
+    def __init__(self, backend: Backend):
+        self._backend = backend
+
+    def encode(self, text: str) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, text: str) -> int | None:
+        return self._backend.token_to_id(text)
+
+    def to_hf_json(self) -> str:
+        return self._backend.to_str()
+
+
+def load_or_build(vocab: Vocab) -> HFBackend:
+    """The `tokenizers` build of `vocab`, from edgellm's cache when it was built before."""
     path = _cache_path(vocab)
     if path.is_file():
         try:
-            return Backend.from_file(str(path))
+            return HFBackend(Backend.from_file(str(path)))
         except Exception:  # a corrupt cache entry is rebuilt, never fatal
             pass
     backend = _build(vocab)
     _save_atomically(backend, path)
-    return backend
+    return HFBackend(backend)
 
 
 def _save_atomically(backend: Backend, path: Path) -> None:
@@ -206,7 +245,7 @@ def _save_atomically(backend: Backend, path: Path) -> None:
 # -- token bytes ------------------------------------------------------------------------------
 
 
-def _byte_token_value(token: str) -> int | None:
+def byte_token_value(token: str) -> int | None:
     if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
         try:
             return int(token[3:5], 16)
@@ -222,6 +261,6 @@ def token_bytes(vocab: Vocab, token_id: int) -> bytes:
         return token.encode("utf-8")
     if vocab.model == "gpt2":  # byte-level BPE
         return bytes(_CHAR_TO_BYTE[c] for c in _byte_level_spelling(token))
-    if kind == TokenType.BYTE and (value := _byte_token_value(token)) is not None:
+    if kind == TokenType.BYTE and (value := byte_token_value(token)) is not None:
         return bytes((value,))
     return token.replace(SPIECE_SPACE, " ").encode("utf-8")

@@ -13,7 +13,7 @@ from tokenizers import decoders, processors
 
 from edgellm.errors import TokenizerError
 from edgellm.tokenizer import Tokenizer
-from edgellm.tokenizer.build import _byte_token_value
+from edgellm.tokenizer.build import HFBackend, byte_token_value
 from edgellm.tokenizer.vocab import TokenType, Vocab
 
 
@@ -38,13 +38,13 @@ def from_hf(tokenizer_json: str, config: Mapping[str, Any], architecture: str = 
         bos_id=bos, eos_id=eos, unk_id=_token_id(config, "unk_token", vocab),
         add_bos=bos is not None and bool(probe) and probe[0] == bos,
         add_eos=eos is not None and bool(probe) and probe[-1] == eos and len(probe) > 1,
-    ), _without_post_processor(backend))
+    ), HFBackend(_without_post_processor(backend)))
 
 
 def _kind(token: str, added: Mapping[str, bool], byte_level: bool) -> int:
     if token in added:
         return TokenType.CONTROL if added[token] else TokenType.USER_DEFINED
-    if not byte_level and _byte_token_value(token) is not None:
+    if not byte_level and byte_token_value(token) is not None:
         return TokenType.BYTE
     return TokenType.NORMAL
 
@@ -68,7 +68,7 @@ def _without_post_processor(backend: Backend) -> Backend:
 
 def to_hf(tokenizer: Tokenizer, chat_template: str | None) -> tuple[str, dict[str, Any]]:
     """(tokenizer.json text, tokenizer_config.json fields) describing `tokenizer`."""
-    vocab, backend = tokenizer._vocab, Backend.from_str(tokenizer._backend.to_str())
+    vocab, backend = tokenizer._vocab, Backend.from_str(tokenizer._backend.to_hf_json())
     bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else None
     eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else None
     if tokenizer.add_bos:

@@ -1,0 +1,192 @@
+"""SentencePiece-style BPE ("llama" GGUF vocabularies, e.g. Gemma's), encoded by edgellm itself.
+
+The `tokenizers` library holds Gemma 3's tokenizer in ~90 MB live (~275 MB at load): a 262k
+vocabulary and 515k merges derived from it, as Rust strings. Here the vocabulary stays in the
+GGUF reader's compact form and the merges are never listed: SentencePiece BPE merges two
+adjacent pieces exactly when their concatenation is a token, so one text -> id index
+(index.py, ~4 MB) and each token's rank answer every question a merge table would.
+
+The result is the one Hugging Face builds from the same file (tests compare both, and against
+transformers):
+1. Added tokens (CONTROL and USER_DEFINED ones) are cut out of the raw text first, leftmost
+   match first and the longest at a position.
+2. In the rest, spaces become '▁'; every character is a piece, or its UTF-8 bytes as <0xXX>
+   pieces when it is not a token (byte fallback).
+3. Repeatedly merge the adjacent pair whose concatenation ranks best: lower merge rank of the
+   result, then the longer left half (the order transformers lists derived merges in), then
+   the leftmost pair.
+"""
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Iterator, Sequence
+
+from edgellm.errors import TokenizerError
+from edgellm.tokenizer.build import SPIECE_SPACE, byte_token_value, check_sentencepiece, merge_ranks, spell_piece
+from edgellm.tokenizer.index import VocabIndex
+from edgellm.tokenizer.vocab import TokenType, Vocab
+
+
+class SentencePieceBPE:
+    """Encoder/decoder for one SentencePiece-BPE vocabulary."""
+
+    def __init__(self, vocab: Vocab):
+        check_sentencepiece(vocab)
+        self._vocab = vocab
+        self._index = VocabIndex(vocab.tokens, spell_piece)
+        self._ranks = memoryview(merge_ranks(vocab))
+        self._byte_ids = [self._index.get(f"<0x{b:02X}>") for b in range(256)]
+        self._special = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)
+        self._added = _AddedTokens({
+            token: token_id for token_id, (token, kind) in enumerate(zip(vocab.tokens, vocab.types))
+            if token and (kind == TokenType.CONTROL or (kind == TokenType.USER_DEFINED and token in self._index))})
+
+    def token_to_id(self, text: str) -> int | None:
+        return self._index.get(text)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        lookup = _Memo(self._index.get)  # pieces repeat; an index lookup costs ~1 µs
+        for plain, added_id in self._added.split(text):
+            if plain:
+                ids += self._merge(self._pieces(plain.replace(" ", SPIECE_SPACE), lookup), lookup)
+            if added_id is not None:
+                ids.append(added_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Pieces joined with '▁' read as a space; runs of <0xXX> pieces read as UTF-8 together,
+        each byte of an invalid run becoming U+FFFD (Hugging Face's ByteFallback decoder)."""
+        out: list[str] = []
+        run = bytearray()
+        for token_id in ids:
+            if skip_special_tokens and token_id in self._special:
+                continue
+            piece = self._vocab.tokens[token_id].replace(SPIECE_SPACE, " ")
+            if (value := byte_token_value(piece)) is not None:
+                run.append(value)
+                continue
+            if run:
+                out.append(_utf8_or_replacement(run))
+                run.clear()
+            out.append(piece)
+        if run:
+            out.append(_utf8_or_replacement(run))
+        return "".join(out)
+
+    def to_hf_json(self) -> str:
+        """The same tokenizer as a Hugging Face tokenizer.json (for exported models)."""
+        from edgellm.tokenizer.build import build_sentencepiece_hf
+
+        return build_sentencepiece_hf(self._vocab).to_str()
+
+    # -- BPE --------------------------------------------------------------------------------
+
+    def _pieces(self, text: str, lookup: _Memo) -> list[tuple[str, int]]:
+        """(piece, id) per character, bytes where a character is not a token. Characters with
+        neither become one <unk> per run, placed where Hugging Face's BPE places it: before the
+        next character that is a token, after any byte pieces met in between."""
+        pieces: list[tuple[str, int]] = []
+        unk_pending = False
+        for char in text:
+            token_id = lookup[char]
+            if token_id is not None:
+                if unk_pending:
+                    pieces.append(self._unk_piece())
+                    unk_pending = False
+                pieces.append((char, token_id))
+                continue
+            raw = char.encode("utf-8")
+            byte_ids = [self._byte_ids[b] for b in raw]
+            if None not in byte_ids:
+                pieces += [(f"<0x{b:02X}>", i) for b, i in zip(raw, byte_ids)]
+            else:
+                unk_pending = True
+        if unk_pending:
+            pieces.append(self._unk_piece())
+        return pieces
+
+    def _unk_piece(self) -> tuple[str, int]:
+        unk_id = self._vocab.unk_id
+        if unk_id is None:
+            raise TokenizerError("the text has characters outside the vocabulary, which has no <unk> token")
+        return self._vocab.tokens[unk_id], unk_id
+
+    def _merge(self, pieces: list[tuple[str, int]], lookup: _Memo) -> list[int]:
+        """BPE over a doubly linked list of pieces, with a heap of candidate merges. A heap entry
+        goes stale when a neighbour merges first; it is dropped unless its position still
+        merges into the same token (the check Hugging Face's BPE makes, kept for equal output)."""
+        texts: list[str | None] = [text for text, _ in pieces]
+        ids = [token_id for _, token_id in pieces]
+        n = len(texts)
+        prev, next_ = list(range(-1, n - 1)), list(range(1, n + 1))
+        next_[-1] = -1
+        ranks = self._ranks
+
+        def candidate(left: int, right: int) -> tuple[int, int, int, str, int] | None:
+            merged = texts[left] + texts[right]
+            token_id = lookup[merged]
+            return None if token_id is None else (ranks[token_id], -len(texts[left]), left, merged, token_id)
+
+        heap = [c for i in range(n - 1) if (c := candidate(i, i + 1)) is not None]
+        heapq.heapify(heap)
+        while heap:
+            _, _, left, merged, token_id = heapq.heappop(heap)
+            right = next_[left]
+            if texts[left] is None or right < 0 or texts[left] + texts[right] != merged:
+                continue  # stale: the same text means the same token id, HF's test
+            texts[left], texts[right], ids[left] = merged, None, token_id
+            next_[left] = after = next_[right]
+            if after >= 0:
+                prev[after] = left
+                if (c := candidate(left, after)) is not None:
+                    heapq.heappush(heap, c)
+            if prev[left] >= 0 and (c := candidate(prev[left], left)) is not None:
+                heapq.heappush(heap, c)
+        return [token_id for token_id, text in zip(ids, texts) if text is not None]
+
+
+class _Memo(dict):
+    """A function's results by argument, computed at first use (one encode's index lookups)."""
+
+    def __init__(self, function):
+        super().__init__()
+        self._function = function
+
+    def __missing__(self, key):
+        value = self[key] = self._function(key)
+        return value
+
+
+class _AddedTokens:
+    """Cuts added tokens out of text: the leftmost match, the longest one at that position."""
+
+    def __init__(self, ids: dict[str, int]):
+        self._ids = ids
+        lengths: dict[str, set[int]] = {}
+        for token in ids:
+            lengths.setdefault(token[0], set()).add(len(token))
+        self._lengths = {first: sorted(ls, reverse=True) for first, ls in lengths.items()}
+        self._starts = re.compile("[" + "".join(map(re.escape, self._lengths)) + "]") if ids else None
+
+    def split(self, text: str) -> Iterator[tuple[str, int | None]]:
+        """(text before an added token, its id) pairs, then (the rest, None)."""
+        start = pos = 0
+        while self._starts is not None and (found := self._starts.search(text, pos)) is not None:
+            at = found.start()
+            pos = at + 1
+            for length in self._lengths[text[at]]:
+                token_id = self._ids.get(text[at:at + length])
+                if token_id is not None:
+                    yield text[start:at], token_id
+                    start = pos = at + length
+                    break
+        yield text[start:], None
+
+
+def _utf8_or_replacement(raw: bytearray) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\ufffd" * len(raw)
