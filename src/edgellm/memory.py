@@ -1,9 +1,16 @@
-"""Process memory: keep resident memory equal to what is really in use.
+"""Process memory: keep resident memory equal to what is really in use, without paying for it
+in page faults.
 
 Loading a model makes many large short-lived temporaries (dequantized blocks, packing
 buffers). glibc's malloc raises its mmap threshold after such frees and then keeps later
 ones on its heap, so RSS stays hundreds of MB above the live data. A fixed threshold makes
-every large buffer its own mapping, returned to the OS the moment it is freed."""
+every large buffer its own mapping, returned to the OS the moment it is freed.
+
+Inference is the opposite case: a prefill allocates and frees the same few-MB activations in
+every layer, and as fresh mappings each is faulted in and zeroed page by page again (Gemma 3,
+512 tokens: 250 ms against 176 ms with reused pages). So after loading, buffers up to 16 MB
+come from the heap and freed pages stay there for the next layer; a finished generation
+trims them (trim())."""
 from __future__ import annotations
 
 import ctypes
@@ -35,6 +42,16 @@ def return_large_frees_to_os() -> bool:
         return False
     ok = libc.mallopt(_M_MMAP_THRESHOLD, LARGE_ALLOCATION) == 1
     return ok and libc.mallopt(_M_TRIM_THRESHOLD, 4 * LARGE_ALLOCATION) == 1
+
+
+def reuse_freed_pages() -> bool:
+    """Serve buffers up to 16 MB from glibc's heap and keep freed pages for reuse (no-op
+    elsewhere); returns whether it applied."""
+    libc = _libc()
+    if libc is None:
+        return False
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, 16 * LARGE_ALLOCATION) == 1
+    return ok and libc.mallopt(_M_TRIM_THRESHOLD, 32 * LARGE_ALLOCATION) == 1
 
 
 def trim() -> None:

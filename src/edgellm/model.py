@@ -12,7 +12,7 @@ from edgellm.chat_template import ChatTemplate
 from edgellm.formats import load_tokenizer, open_model
 from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
-from edgellm.memory import return_large_frees_to_os, trim
+from edgellm.memory import return_large_frees_to_os, reuse_freed_pages, trim
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.generator import Generation
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
@@ -195,4 +195,5 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
         source.close()
         raise
     trim()
+    reuse_freed_pages()
     return model

@@ -43,6 +43,19 @@ def test_memory_grows_by_blocks_with_tokens_held_not_with_max_context():
     assert len(seq.blocks) == 3
 
 
+def test_prepare_reserves_the_whole_chunk_before_the_forward_pass():
+    # Growing KV inside a forward pass interleaves long-lived buffers with the layers'
+    # temporaries on the heap; reserving it up front keeps peak memory predictable.
+    seq, _ = _manager(block_size=16).new_sequence()
+    seq.prepare(40)
+    per_block = 2 * 2 * HEADS * 16 * DIM * 4
+    assert seq.nbytes == 3 * per_block  # 40 tokens -> 3 blocks, before any token is written
+    buffers = [(layer.k.parts["x"].data_ptr(), layer.v.parts["x"].data_ptr()) for layer in seq]
+    for layer in seq:
+        layer.update_and_fetch(_kv(40), _kv(40))
+    assert [(layer.k.parts["x"].data_ptr(), layer.v.parts["x"].data_ptr()) for layer in seq] == buffers  # no regrowth
+
+
 def test_release_returns_blocks_to_the_pool():
     manager = _manager(block_size=8)
     seq, _ = manager.new_sequence()

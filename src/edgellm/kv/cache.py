@@ -24,6 +24,7 @@ Rotate = Callable[[torch.Tensor, int], torch.Tensor]  # (keys (B, H, T, D), delt
 class KVCache(Protocol):
     offset: int  # tokens held == position of the next token
 
+    def reserve(self, tokens: int) -> None: ...
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]: ...
     def evict(self, start: int, n: int) -> None: ...
     def trim(self, n: int) -> int: ...
@@ -48,6 +49,10 @@ class DenseCache:
         self.v = TokenStore(v_codec, batch, kv_heads, head_dim, block_size)
         self.rotate = rotate
         self.offset = 0
+
+    def reserve(self, tokens: int) -> None:
+        self.k.ensure(tokens)
+        self.v.ensure(tokens)
 
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
         t, end = k.shape[2], self.offset + k.shape[2]
@@ -112,6 +117,9 @@ class RingCache:
         self.positions = torch.full((window,), -1, dtype=torch.long)  # -1: empty slot
         self.rotate = rotate
         self.offset = 0
+
+    def reserve(self, tokens: int) -> None:
+        """Nothing to do: the ring's slots are allocated up front."""
 
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
         t = k.shape[2]

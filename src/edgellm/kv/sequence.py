@@ -105,6 +105,8 @@ class SequenceKV:
             self._slide(self.offset + n_new - self.limit)
         needed = self._growing_blocks(self.offset + n_new) - (len(self.blocks) - self.manager.fixed_blocks)
         self.blocks += self.manager.pool.allocate(needed)
+        for layer in self.layers:
+            layer.reserve(self.offset + n_new)
 
     def _growing_blocks(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
