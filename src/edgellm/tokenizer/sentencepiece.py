@@ -23,7 +23,8 @@ import re
 from collections.abc import Iterator, Sequence
 
 from edgellm.errors import TokenizerError
-from edgellm.tokenizer.build import SPIECE_SPACE, byte_token_value, check_sentencepiece, merge_ranks, spell_piece
+from edgellm.tokenizer.build import (SPIECE_SPACE, build_sentencepiece_hf, byte_token_value, check_sentencepiece,
+                                     merge_ranks, spell_piece)
 from edgellm.tokenizer.index import VocabIndex
 from edgellm.tokenizer.vocab import TokenType, Vocab
 
@@ -38,9 +39,12 @@ class SentencePieceBPE:
         self._ranks = memoryview(merge_ranks(vocab))
         self._byte_ids = [self._index.get(f"<0x{b:02X}>") for b in range(256)]
         self._special = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)
-        self._added = _AddedTokens({
-            token: token_id for token_id, (token, kind) in enumerate(zip(vocab.tokens, vocab.types))
-            if token and (kind == TokenType.CONTROL or (kind == TokenType.USER_DEFINED and token in self._index))})
+        # As Hugging Face adds them: by text, so a token whose text the vocabulary spells
+        # differently (Gemma's runs of real spaces) is not an added token.
+        added = (token for token, kind in zip(vocab.tokens, vocab.types)
+                 if token and kind in (TokenType.CONTROL, TokenType.USER_DEFINED))
+        self._added = _AddedTokens({token: token_id for token in added
+                                    if (token_id := self._index.get(token)) is not None})
 
     def token_to_id(self, text: str) -> int | None:
         return self._index.get(text)
@@ -77,8 +81,6 @@ class SentencePieceBPE:
 
     def to_hf_json(self) -> str:
         """The same tokenizer as a Hugging Face tokenizer.json (for exported models)."""
-        from edgellm.tokenizer.build import build_sentencepiece_hf
-
         return build_sentencepiece_hf(self._vocab).to_str()
 
     # -- BPE --------------------------------------------------------------------------------
