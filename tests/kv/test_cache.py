@@ -6,7 +6,7 @@ import torch
 
 from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv import CAUSAL, KVConfig, KVManager, LayerSpec
-from edgellm.kv.cache import causal_mask
+from edgellm.kv.cache import SlidingCausal, causal_mask
 from edgellm.kv.codecs import bytes_per_head_token, codec
 from edgellm.models.layers import Rotary
 
@@ -120,7 +120,7 @@ def test_ring_cache_sees_only_the_window_and_matches_masking():
     seq, _ = manager.new_sequence()
     k_all, v_all = _kv(20, 1), _kv(20, 2)
     keys, values, vis = seq[0].update_and_fetch(k_all[:, :, :9], v_all[:, :, :9])  # a chunk longer than the window
-    assert vis.shape == (9, keys.shape[2])
+    assert vis == SlidingCausal(window) and keys.shape[2] == 9
     for pos in range(9, 20):
         keys, values, vis = seq[0].update_and_fetch(k_all[:, :, pos:pos + 1], v_all[:, :, pos:pos + 1])
         visible = keys if vis is None else keys[:, :, vis[0]]
@@ -169,6 +169,8 @@ def test_ring_cache_fresh_prefill_sees_only_itself():
     keys, values, vis = seq[0].update_and_fetch(k_all[:, :, :5], v_all[:, :, :5])
     assert vis == CAUSAL and keys.shape[2] == 5  # no empty slots to mask out
     keys, values, vis = seq[0].update_and_fetch(k_all[:, :, 5:12], v_all[:, :, 5:12])  # then a chunk
+    assert vis == SlidingCausal(window)  # the old slots oldest first, then the chunk: a band, no mask
+    vis = causal_mask(7, keys.shape[2], vis.window)
     for row, pos in enumerate(range(5, 12)):
         seen = sorted(int(p) for p in keys[0, 0, vis[row], 0].tolist())
         assert seen == list(range(max(0, pos - window + 1), pos + 1))

@@ -71,6 +71,21 @@ def test_attention_matches_fp64_causal_and_masked(heads, kv_heads, dim, t, s):
     assert (ours.double() - _reference(q, k, v, 0.125, mask)).abs().max() < tolerance
 
 
+@pytest.mark.parametrize("heads, kv_heads, dim, t, s, window", [
+    (4, 1, 256, 512, 1024, 512),  # Gemma 3: a second 512-token chunk on a sliding layer
+    (4, 1, 256, 70, 70, 33),      # a fresh prefill longer than its window
+    (9, 3, 64, 37, 100, 20),      # windows that start mid-vector, odd sizes
+    (18, 2, 32, 5, 40, 64),       # a window wider than the keys: plain causal
+])
+def test_attention_sliding_window_matches_fp64(heads, kv_heads, dim, t, s, window):
+    g = torch.Generator().manual_seed(heads * t + s + window)
+    q = (torch.randn(1, t, heads, dim, generator=g) * 2).transpose(1, 2)
+    k, v = torch.randn(2, 1, kv_heads, s, dim, generator=g)
+    ours = kernels.attention(q, k, v, 0.125, None, window=window)
+    visible = torch.ones(t, s, dtype=torch.bool).tril(s - t) & ~torch.ones(t, s, dtype=torch.bool).tril(s - t - window)
+    assert (ours.double() - _reference(q, k, v, 0.125, visible)).abs().max() < _value_tolerance(v)
+
+
 def _value_tolerance(v: torch.Tensor) -> float:
     # fp32 throughout: ~1e-6 measured; with AVX512-BF16, P·V rounds P and V to bf16 (2^-9 each)
     return 4 * 2 ** -9 * float(v.abs().max()) if kernels.attention_bf16_values() else 1e-4

@@ -9,7 +9,9 @@
    Each work item is one KV head, its group of query heads and a few query positions, so the
    rows of a block share every Kt and V load (grouped-query attention for free).
    Visibility: mask == NULL means causal with the queries at the last T of the S positions
-   (query t sees keys 0 .. S - T + t); otherwise mask is a (T, S) byte array, 1 = visible. */
+   (query t sees keys 0 .. S - T + t), and with window > 0 only the last `window` of those
+   (a sliding-window layer: the keys are in position order); otherwise mask is a (T, S) byte
+   array, 1 = visible. A block computes only the keys some row of it sees: [first, len). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -28,7 +30,7 @@ static inline __m512 exp_nonpositive(__m512 x) {
 typedef struct {
     const float *q; int64_t q_t, q_h;          /* q[t * q_t + h * q_h + d] */
     const float *k, *v; int64_t kv_h, kv_s;    /* k[h * kv_h + s * kv_s + d] */
-    int64_t T, S, H, Hkv, D, s_pad;
+    int64_t T, S, H, Hkv, D, s_pad, window;
     float scale;
     const uint8_t *mask;
     float *out;                                /* (T, H, D) */
@@ -36,13 +38,21 @@ typedef struct {
     const uint32_t *vp;                        /* bf16 V pairs (Hkv, s_pad / 2, D), with AVX512-BF16 */
 } Problem;
 
-/* Scores of `rows` query rows (heads h[i], positions t[i]) against keys [0, len), scaled. */
-static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t, int64_t len,
-                   float *sc) {
+/* The keys query t sees with a mask-free (causal) problem: [lo, hi). */
+static inline int64_t causal_end(const Problem *p, int64_t t) { return p->S - p->T + t + 1; }
+static inline int64_t causal_start(const Problem *p, int64_t t) {
+    int64_t lo = p->window > 0 ? causal_end(p, t) - p->window : 0;
+    return lo > 0 ? lo : 0;
+}
+
+/* Scores of `rows` query rows (heads h[i], positions t[i]) against keys [first, len), scaled;
+   first is a multiple of 16 (Kt's vectors). */
+static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t, int64_t first,
+                   int64_t len, float *sc) {
     const float *kt = p->kt + hk * p->D * p->s_pad;
     const float *qrow[ROWS];
     for (int i = 0; i < rows; i++) qrow[i] = p->q + t[i] * p->q_t + h[i] * p->q_h;
-    for (int64_t j = 0; j < len; j += 16) {
+    for (int64_t j = first; j < len; j += 16) {
         __m512 acc[ROWS];
         for (int i = 0; i < rows; i++) acc[i] = _mm512_setzero_ps();
         for (int64_t d = 0; d < p->D; d++) {
@@ -53,23 +63,25 @@ static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, con
     }
 }
 
-/* In place: scores -> unnormalized probabilities over [0, len); returns 1 / sum per row. */
-static void softmax_rows(const Problem *p, int rows, const int64_t *t, int64_t len, float *sc, float *inv_sum) {
+/* In place: scores -> unnormalized probabilities over [first, len); returns 1 / sum per row. */
+static void softmax_rows(const Problem *p, int rows, const int64_t *t, int64_t first, int64_t len, float *sc,
+                         float *inv_sum) {
     for (int i = 0; i < rows; i++) {
         float *s = sc + i * p->s_pad;
-        int64_t visible = p->mask ? len : p->S - p->T + t[i] + 1;
-        for (int64_t j = visible; j < len; j++) s[j] = -INFINITY;
+        int64_t lo = p->mask ? first : causal_start(p, t[i]), hi = p->mask ? len : causal_end(p, t[i]);
+        for (int64_t j = first; j < lo; j++) s[j] = -INFINITY;
+        for (int64_t j = hi; j < len; j++) s[j] = -INFINITY;
         if (p->mask) {
             const uint8_t *m = p->mask + t[i] * p->S;
             for (int64_t j = 0; j < len; j++) if (!m[j]) s[j] = -INFINITY;
         }
         for (int64_t j = len; j < (len + 15) / 16 * 16; j++) s[j] = -INFINITY;
         __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < len; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+        for (int64_t j = first; j < len; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
         float m = _mm512_reduce_max_ps(mx);
         if (m == -INFINITY) m = 0.f;
         __m512 sum = _mm512_setzero_ps();
-        for (int64_t j = 0; j < len; j += 16) {
+        for (int64_t j = first; j < len; j += 16) {
             __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m)));
             _mm512_storeu_ps(s + j, e);
             sum = _mm512_add_ps(sum, e);
@@ -94,10 +106,10 @@ static inline void store_rows(const Problem *p, int rows, const int64_t *h, cons
    activations of every linear), twice the fp32 FMA rate. Scores stay fp32: their errors would be
    exponentiated. vp holds V as pairs of keys: element (j/2, d) = (V[j][d], V[j+1][d]). */
 static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                            int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
+                            int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
     int64_t pairs = (len + 1) / 2, row_len = pairs * 2;
     for (int i = 0; i < rows; i++)  /* probabilities as bf16, zero past len (the pad key's weight) */
-        for (int64_t j = 0; j < row_len; j += 16) {
+        for (int64_t j = first; j < row_len; j += 16) {
             __m512 x = _mm512_maskz_loadu_ps(j + 16 <= len ? 0xFFFF : (__mmask16)((1u << (len - j > 0 ? len - j : 0)) - 1),
                                              sc + i * p->s_pad + j);
             _mm256_storeu_si256((__m256i *)(pb + i * p->s_pad + j), (__m256i)_mm512_cvtneps_pbh(x));
@@ -106,7 +118,7 @@ static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_
     for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
         __m512 acc[ROWS][2];
         for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        for (int64_t jp = 0; jp < pairs; jp++) {
+        for (int64_t jp = first / 2; jp < pairs; jp++) {
             __m512bh v0 = (__m512bh)_mm512_loadu_si512(vp + jp * p->D + d0);
             __m512bh v1 = (__m512bh)_mm512_loadu_si512(vp + jp * p->D + d0 + 16);
             for (int i = 0; i < rows; i++) {
@@ -138,13 +150,13 @@ static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t
 #else
 /* out rows = P . V in fp32, 32 columns of D at a time. */
 static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                            int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
+                            int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
     (void)pb;  /* the bf16 variant's probability buffer */
     const float *v = p->v + hk * p->kv_h;
     for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
         __m512 acc[ROWS][2];
         for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < len; j++) {
+        for (int64_t j = first; j < len; j++) {
             __m512 v0 = _mm512_loadu_ps(v + j * p->kv_s + d0), v1 = _mm512_loadu_ps(v + j * p->kv_s + d0 + 16);
             for (int i = 0; i < rows; i++) {
                 __m512 pij = _mm512_set1_ps(sc[i * p->s_pad + j]);
@@ -165,14 +177,14 @@ int64_t edgellm_attention_work(int64_t S, int64_t Hkv, int64_t D, int threads) {
     return Hkv * D * s_pad + (int64_t)threads * ROWS * s_pad * 3 / 2 + VALUE_PAIRS * Hkv * D * s_pad / 2;
 }
 
-/* D % 32 == 0; q, k, v rows contiguous in d. */
+/* D % 32 == 0; q, k, v rows contiguous in d. window: 0, or the sliding window (mask == NULL). */
 void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k, const float *v, int64_t kv_h,
                        int64_t kv_s, int64_t T, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                       const uint8_t *mask, float *out, float *work, int threads) {
+                       const uint8_t *mask, int64_t window, float *out, float *work, int threads) {
     int64_t s_pad = (S + 15) / 16 * 16;
     float *kt = work, *per_thread = work + Hkv * D * s_pad;
     uint32_t *vp = (uint32_t *)(per_thread + (int64_t)threads * ROWS * s_pad * 3 / 2);
-    Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, scale, mask, out, kt, vp};
+    Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, mask ? 0 : window, scale, mask, out, kt, vp};
 #if VALUE_PAIRS
     pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
 #endif
@@ -206,11 +218,11 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
                     h[rows] = hk * group + g;
                     t[rows++] = tt;
                 }
-            int64_t len = mask ? S : S - T + t[rows - 1] + 1;
+            int64_t first = mask ? 0 : causal_start(&p, t[0]) / 16 * 16, len = mask ? S : causal_end(&p, t[rows - 1]);
             float inv_sum[ROWS];
-            scores(&p, hk, rows, h, t, len, sc);
-            softmax_rows(&p, rows, t, len, sc, inv_sum);
-            weighted_values(&p, hk, rows, h, t, len, sc, inv_sum, pb);
+            scores(&p, hk, rows, h, t, first, len, sc);
+            softmax_rows(&p, rows, t, first, len, sc, inv_sum);
+            weighted_values(&p, hk, rows, h, t, first, len, sc, inv_sum, pb);
         }
     }
 }

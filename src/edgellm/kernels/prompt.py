@@ -66,14 +66,19 @@ def attention_bf16_values() -> bool:
     return bool(library().edgellm_attention_bf16_values())
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None,
+              window: int = 0) -> torch.Tensor:
     """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), as (1, H, T, D) fp32.
 
     Scores and softmax in fp32; P·V in bf16 where the CPU has AVX512-BF16 (see attention.c).
 
-    mask None = causal, the queries being the last T of the S positions; else (T, S) bool."""
+    mask None = causal, the queries being the last T of the S positions, and with window > 0
+    each query sees only the `window` newest of its keys (keys in position order); else mask
+    is (T, S) bool."""
     _, h, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
+    if window < 0 or (window and mask is not None):
+        raise ValueError("window must be >= 0, and only without a mask")
     if v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     out = torch.empty(1, t, h, d, dtype=torch.float32)
@@ -84,8 +89,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, m
     mask_ptr = None if mask_bytes is None else mask_bytes.data_ptr()
     with profiled("edgellm::attention"):
         lib.edgellm_attention(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), v.data_ptr(), k.stride(1),
-                              k.stride(2), t, s, h, hkv, d, scale, mask_ptr, out.data_ptr(), work.data_ptr(),
-                              threads)
+                              k.stride(2), t, s, h, hkv, d, scale, mask_ptr, window, out.data_ptr(),
+                              work.data_ptr(), threads)
     return out.transpose(1, 2)
 
 

@@ -6,6 +6,7 @@ by the number evicted (RoPE composes: R(p - n) = R(-n)·R(p)), so positions stay
 and never outgrow the context the model was trained for."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
@@ -15,9 +16,20 @@ from edgellm.kv.store import TokenStore
 
 # What the queries of one update may see: None = every cached key (a decode step);
 # CAUSAL = the T queries are the last T of the S positions and query i sees keys 0..S-T+i
-# (a fresh prefill is the square case); or a (T, S) bool mask.
+# (a fresh prefill is the square case); SlidingCausal = CAUSAL within a window; or a (T, S)
+# bool mask.
 CAUSAL = "causal"
-Visibility = None | str | torch.Tensor
+
+
+@dataclass(frozen=True)
+class SlidingCausal:
+    """CAUSAL, each query seeing only the `window` newest keys up to its own (keys in position
+    order): a sliding-window layer's later prompt chunk, which kernels need not mask."""
+
+    window: int
+
+
+Visibility = None | str | SlidingCausal | torch.Tensor
 Rotate = Callable[[torch.Tensor, int], torch.Tensor]  # (keys (B, H, T, D), delta) -> keys at position + delta
 
 
@@ -34,10 +46,13 @@ class KVCache(Protocol):
     def nbytes(self) -> int: ...
 
 
-def causal_mask(t: int, s: int) -> torch.Tensor:
-    """CAUSAL as a (T, S) bool mask: query i (position S - T + i) sees keys 0..S-T+i."""
+def causal_mask(t: int, s: int, window: int | None = None) -> torch.Tensor:
+    """CAUSAL (or SlidingCausal) as a (T, S) bool mask: query i (position S - T + i) sees keys
+    0..S-T+i (only the last `window` of them)."""
     q_pos = torch.arange(s - t, s)[:, None]
-    return torch.arange(s)[None, :] <= q_pos
+    k_pos = torch.arange(s)[None, :]
+    visible = k_pos <= q_pos
+    return visible if window is None else visible & (q_pos - k_pos < window)
 
 
 class DenseCache:
@@ -124,22 +139,30 @@ class RingCache:
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
         t = k.shape[2]
         q_pos = torch.arange(self.offset, self.offset + t)
-        fresh = self.offset == 0
         if t == 1:
             self._write(k, v, q_pos)
             keys, values, k_pos = self.k.read(self.window), self.v.read(self.window), self.positions
-        else:  # a fresh prefill sees only itself; a later chunk, the old slots + itself
-            keys, values, k_pos = k.float(), v.float(), q_pos
-            if not fresh:
-                keys = torch.cat((self.k.read(self.window), keys), dim=2)
-                values = torch.cat((self.v.read(self.window), values), dim=2)
-                k_pos = torch.cat((self.positions, q_pos))
+        else:
+            keys, values, k_pos = self._chunk_keys(k, v, q_pos)
             self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
         self.offset += t
-        if fresh and 1 < t <= self.window:
-            return keys, values, CAUSAL
+        if k_pos is None:  # keys in position order, the chunk's own last
+            return keys, values, CAUSAL if keys.shape[2] <= self.window else SlidingCausal(self.window)
         visible = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (q_pos[:, None] - k_pos[None, :] < self.window)
         return keys, values, (None if t == 1 and bool(visible.all()) else visible)
+
+    def _chunk_keys(self, k: torch.Tensor, v: torch.Tensor,
+                    q_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What a prompt chunk attends over: the ring's positions oldest first, then its own
+        (positions None: in order); or, where eviction or trimming left gaps in the ring, every
+        slot and then its own, with their positions for a mask."""
+        keys, values = k.float(), v.float()
+        if self.offset == 0:
+            return keys, values, None
+        old_k, old_v, held = self.k.read(self.window), self.v.read(self.window), self._slots_in_order()
+        if held is not None:
+            return torch.cat((old_k[:, :, held], keys), dim=2), torch.cat((old_v[:, :, held], values), dim=2), None
+        return torch.cat((old_k, keys), dim=2), torch.cat((old_v, values), dim=2), torch.cat((self.positions, q_pos))
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         slots = pos % self.window
@@ -182,6 +205,14 @@ class RingCache:
                 store.parts[name][:, :, slots] = value[:, :, n - keep:]
         self.positions[slots] = torch.arange(start + n - keep, start + n)
         self.offset = start + n
+
+    def _slots_in_order(self) -> torch.Tensor | None:
+        """The slots of the last min(offset, window) positions, oldest first, if the ring holds
+        exactly those (it does unless eviction or trimming left gaps)."""
+        try:
+            return self._slots(max(0, self.offset - self.window), self.offset)
+        except ValueError:
+            return None
 
     def _slots(self, start: int, end: int) -> torch.Tensor:
         positions = torch.arange(start, end)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgellm import kernels
-from edgellm.kv.cache import causal_mask
+from edgellm.kv.cache import SlidingCausal, causal_mask
 
 
 class RMSNorm(nn.Module):
@@ -90,7 +90,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     """Attention of new queries q (B, Hq, T, D) over cached keys k, v (B, Hkv, S, D).
 
     `visibility` comes from the cache: None (all keys), CAUSAL (the queries are the last T of
-    the S positions; fused kernels skip the masked part) or a (T, S) bool mask. For a batch of
+    the S positions; fused kernels skip the masked part), SlidingCausal (the same within a
+    window) or a (T, S) bool mask. For a batch of
     sequences (LayerBatch) k, v and visibility are lists, one per sequence. `native` (fast
     mode) sends prompt chunks to kernels/attention.c; decode steps are already native or tiny."""
     if isinstance(k, list):
@@ -99,11 +100,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     if native and q.shape[2] > 1 and kernels.attention_supports(q, k):
         if visibility is None:  # every key visible: the kernel's None means causal
             visibility = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
-        return kernels.attention(q, k, v, scale, None if isinstance(visibility, str) else visibility)
+        if isinstance(visibility, torch.Tensor):
+            return kernels.attention(q, k, v, scale, visibility)
+        window = visibility.window if isinstance(visibility, SlidingCausal) else 0
+        return kernels.attention(q, k, v, scale, None, window=window)
     if isinstance(visibility, str) and q.shape[2] == k.shape[2]:  # a fresh prefill: the flash kernel's own causal path
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    if isinstance(visibility, str):  # a later chunk: torch's is_causal aligns top-left, ours bottom-right
+    if isinstance(visibility, str):  # CAUSAL, a later chunk: torch's is_causal aligns top-left, ours bottom-right
         visibility = causal_mask(q.shape[2], k.shape[2])
+    elif isinstance(visibility, SlidingCausal):
+        visibility = causal_mask(q.shape[2], k.shape[2], visibility.window)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)
 
 
