@@ -46,7 +46,7 @@ def return_large_frees_to_os() -> bool:
 
 def reuse_freed_pages() -> bool:
     """Serve buffers up to 16 MB from glibc's heap and keep freed pages for reuse (no-op
-    elsewhere); returns whether it applied."""
+    elsewhere; process-wide, like return_large_frees_to_os); returns whether it applied."""
     libc = _libc()
     if libc is None:
         return False

@@ -174,3 +174,33 @@ def test_ring_cache_fresh_prefill_sees_only_itself():
     for row, pos in enumerate(range(5, 12)):
         seen = sorted(int(p) for p in keys[0, 0, vis[row], 0].tolist())
         assert seen == list(range(max(0, pos - window + 1), pos + 1))
+
+
+def test_ring_chunk_after_wrapping_gets_the_window_oldest_first():
+    window = 8
+    manager = KVManager([LayerSpec(HEADS, DIM, window, None)], KVConfig(block_size=4, **EXACT), context_length=4096)
+    seq, _ = manager.new_sequence()
+    k_all = _positions_kv(0, 30)
+    seq[0].update_and_fetch(k_all[:, :, :11], k_all[:, :, :11])  # 11 tokens: the ring has wrapped
+    keys, values, vis = seq[0].update_and_fetch(k_all[:, :, 11:14], k_all[:, :, 11:14])
+    assert vis == SlidingCausal(window)
+    assert keys[0, 0, :, 0].tolist() == list(range(3, 14))  # positions 3..10 from the ring, then the chunk
+    assert torch.equal(values, keys)
+    for _ in range(3):  # several more wraps, chunks longer than the window included
+        start = seq[0].offset
+        keys, _, vis = seq[0].update_and_fetch(k_all[:, :, start:start + 5], k_all[:, :, start:start + 5])
+        assert keys[0, 0, :, 0].tolist() == list(range(start - window, start + 5)) and vis == SlidingCausal(window)
+
+
+def test_ring_with_gaps_falls_back_to_a_mask():
+    window = 8
+    manager = KVManager([LayerSpec(HEADS, DIM, window, None)], KVConfig(block_size=4, **EXACT), context_length=4096)
+    seq, _ = manager.new_sequence()
+    k_all = _positions_kv(0, 20)
+    seq[0].update_and_fetch(k_all[:, :, :11], k_all[:, :, :11])
+    seq[0].trim(2)  # positions 9 and 10 forgotten: their slots are empty, 3..8 remain (1, 2 were overwritten)
+    keys, _, vis = seq[0].update_and_fetch(k_all[:, :, 9:12], k_all[:, :, 9:12])
+    assert isinstance(vis, torch.Tensor) and vis.shape == (3, keys.shape[2])
+    for row, pos in enumerate(range(9, 12)):
+        seen = sorted(int(p) for p in keys[0, 0, vis[row], 0].tolist())
+        assert seen == list(range(max(3, pos - window + 1), pos + 1))

@@ -79,6 +79,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, m
     hkv, s = k.shape[1], k.shape[2]
     if window < 0 or (window and mask is not None):
         raise ValueError("window must be >= 0, and only without a mask")
+    if mask is None and t > s:
+        raise ValueError(f"causal attention needs the {t} queries among the {s} keys")
     if v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     out = torch.empty(1, t, h, d, dtype=torch.float32)

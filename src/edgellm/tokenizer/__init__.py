@@ -17,7 +17,7 @@ __all__ = ["Tokenizer", "TokenType"]
 _END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>")
 
 
-class Backend(Protocol):
+class TokenizerBackend(Protocol):
     """What encodes and decodes for a Tokenizer (BOS/EOS and id checks are the Tokenizer's)."""
 
     def encode(self, text: str) -> list[int]: ...
@@ -29,7 +29,7 @@ class Backend(Protocol):
 class Tokenizer:
     """Text <-> token ids for one GGUF model, matching the Hugging Face tokenizer for that file."""
 
-    def __init__(self, vocab: Vocab, backend: Backend):
+    def __init__(self, vocab: Vocab, backend: TokenizerBackend):
         self._vocab = vocab
         self._backend = backend
         self._special_ids = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)

@@ -15,6 +15,11 @@ transformers):
 3. Repeatedly merge the adjacent pair whose concatenation ranks best: lower merge rank of the
    result, then the longer left half (the order transformers lists derived merges in), then
    the leftmost pair.
+
+Two differences, on purpose, in vocabularies no GGUF we know has: a character that is neither a
+token nor spelled by byte tokens, with no <unk> to stand for it, raises TokenizerError (Hugging
+Face drops it silently); and an id whose text a later token repeats decodes as its text
+(Hugging Face's reverse vocabulary has only the later id, so it drops the earlier one).
 """
 from __future__ import annotations
 
