@@ -50,20 +50,31 @@ def test_medians_and_ratios_are_computed_from_runs():
         runs = [dict(ttft_s=t, decode_s=d, generated=11) for t, d in zip(ttfts, decodes)]
         return dict(load_s=0.1, cold_start_s=1.0, peak_rss_bytes=300 * 2**20, runtime_rss_bytes=200 * 2**20,
                     runs={"100": runs})
-    ours = _summarize(raw([0.1, 0.5, 0.2], [0.1, 1.0, 0.2]), 11)
+    ours = _summarize([raw([0.1, 0.5, 0.2], [0.1, 1.0, 0.2])], 11)
     assert ours["by_prompt"]["100"]["ttft_s"] == 0.2  # median, not mean
     assert ours["by_prompt"]["100"]["decode_tok_s"] == pytest.approx(50.0)  # 10 steps / 0.2 s
-    theirs = _summarize(raw([0.4] * 3, [0.5] * 3), 11)
+    theirs = _summarize([raw([0.4] * 3, [0.5] * 3)], 11)
     ratio = _ratios(ours, theirs)
     assert ratio["100"]["prefill"] == pytest.approx(2.0) and ratio["100"]["decode"] == pytest.approx(2.5)
     assert ratio["rss_above_runtime_vs_their_peak"] == pytest.approx(100 / 300)
 
 
+def test_rounds_pool_their_runs_and_keep_the_highest_peak():
+    def raw(ttfts, peak_mb, load_s):
+        runs = [dict(ttft_s=t, decode_s=1.0, generated=11) for t in ttfts]
+        return dict(load_s=load_s, cold_start_s=1.0, peak_rss_bytes=peak_mb * 2**20, runtime_rss_bytes=200 * 2**20,
+                    runs={"100": runs})
+    pooled = _summarize([raw([0.1, 0.2], 300, 0.5), raw([0.9, 0.3, 0.4], 320, 0.1), raw([0.25, 0.05], 310, 0.2)], 11)
+    assert pooled["by_prompt"]["100"]["ttft_s"] == 0.25  # the median of all seven runs
+    assert pooled["peak_rss_mb"] == 320 and pooled["load_s"] == 0.2
+
+
 @pytest.mark.skipif(find_spec("llama_cpp") is None, reason="llama-cpp-python (the bench extra) is not installed")
 def test_bench_against_llama_cpp(smollm2_path):
     result = _bench("--model", str(smollm2_path), "--prompt-tokens", "16", "--gen-tokens", "8", "--repeat", "1",
-                    "--json")
+                    "--rounds", "2", "--json")
     assert result.returncode == 0, result.stderr
+    assert result.stderr.count("round 2/2") == 2  # both engines, taking turns
     entry = json.loads(result.stdout)["results"][0]
     assert set(entry["engines"]) == {"edgellm", "llama.cpp"}
     assert entry["ratio_vs_llama_cpp"]["16"]["decode"] > 0

@@ -1,5 +1,9 @@
 """`edgellm bench`: each engine in a fresh process per (model, threads), medians over repeats,
-ratios against llama.cpp on the same GGUF file in the same run."""
+ratios against llama.cpp on the same GGUF file in the same run.
+
+With several rounds the engines take turns (a process each per round) and their runs are
+pooled: on a shared machine whose speed drifts for minutes at a time, both engines then meet
+the same slow and fast phases, so the ratios are steadier than either engine's numbers."""
 from __future__ import annotations
 
 import json
@@ -22,6 +26,7 @@ class BenchConfig:
     prompt_tokens: list[int] = field(default_factory=lambda: [128, 512])
     gen_tokens: int = 128
     repeat: int = 3
+    rounds: int = 1
     mode: str = "fast"
     llama_cpp: bool = True  # compare when llama-cpp-python is installed
 
@@ -43,15 +48,20 @@ def _spawn(cfg: dict, threads: int) -> dict:
     return raw
 
 
-def _summarize(raw: dict, gen: int) -> dict:
-    """Medians over repeats of TTFT, prefill and decode speed, per prompt length."""
+def _summarize(raws: list[dict], gen: int) -> dict:
+    """Medians over every round's repeats of TTFT, prefill and decode speed, per prompt length;
+    medians of load and cold start; the highest peak RSS."""
     by_prompt = {}
-    for n, runs in raw["runs"].items():
+    for n in raws[0]["runs"]:
+        runs = [r for raw in raws for r in raw["runs"][n]]
         ttft = statistics.median(r["ttft_s"] for r in runs)
         decode = statistics.median((r["generated"] - 1) / r["decode_s"] for r in runs if r["decode_s"] > 0)
         by_prompt[n] = dict(ttft_s=ttft, prefill_tok_s=int(n) / ttft, decode_tok_s=decode)
-    return dict(load_s=raw["load_s"], cold_start_s=raw["cold_start_s"], peak_rss_mb=raw["peak_rss_bytes"] / 2**20,
-                runtime_rss_mb=raw["runtime_rss_bytes"] / 2**20, by_prompt=by_prompt)
+    peak = max(raws, key=lambda raw: raw["peak_rss_bytes"])
+    return dict(load_s=statistics.median(raw["load_s"] for raw in raws),
+                cold_start_s=statistics.median(raw["cold_start_s"] for raw in raws),
+                peak_rss_mb=peak["peak_rss_bytes"] / 2**20, runtime_rss_mb=peak["runtime_rss_bytes"] / 2**20,
+                by_prompt=by_prompt)
 
 
 def _ratios(ours: dict, theirs: dict) -> dict:
@@ -71,11 +81,15 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
         path = str(resolve(model))
         for threads in config.threads:
             entry = dict(model=model, path=path, threads=threads, engines={})
+            raws: dict[str, list[dict]] = {engine: [] for engine in engines}
+            for round_ in range(1, config.rounds + 1):
+                for engine in engines:
+                    progress(f"{model} · {threads} threads · {engine} · round {round_}/{config.rounds} ...")
+                    cfg = dict(engine=engine, path=path, threads=threads, prompt_tokens=config.prompt_tokens,
+                               gen_tokens=config.gen_tokens, repeat=config.repeat, mode=config.mode)
+                    raws[engine].append(_spawn(cfg, threads))
             for engine in engines:
-                progress(f"{model} · {threads} threads · {engine} ...")
-                cfg = dict(engine=engine, path=path, threads=threads, prompt_tokens=config.prompt_tokens,
-                           gen_tokens=config.gen_tokens, repeat=config.repeat, mode=config.mode)
-                entry["engines"][engine] = _summarize(_spawn(cfg, threads), config.gen_tokens)
+                entry["engines"][engine] = _summarize(raws[engine], config.gen_tokens)
             if "llama.cpp" in entry["engines"]:
                 entry["ratio_vs_llama_cpp"] = _ratios(entry["engines"]["edgellm"], entry["engines"]["llama.cpp"])
             results.append(entry)

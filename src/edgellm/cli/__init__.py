@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int_list, default=None, help="e.g. 1,2 (default: physical cores)")
     bench.add_argument("--prompt-tokens", type=int_list, default=[128, 512])
     bench.add_argument("--gen-tokens", type=int, default=128)
-    bench.add_argument("--repeat", type=int, default=3)
+    bench.add_argument("--repeat", type=int, default=3, help="timed runs per engine process")
+    bench.add_argument("--rounds", type=int, default=1,
+                       help="engine processes per engine, taking turns (steadier ratios on a noisy machine)")
     bench.add_argument("--mode", choices=("fast", "exact"), default="fast")
     bench.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp comparison")
     bench.add_argument("--json", action="store_true", help="print the full report as JSON")

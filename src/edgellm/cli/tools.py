@@ -53,7 +53,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.memory or args.prefix or args.soak or args.serving:
         return _bench_memory(models[0], args)
     config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,
-                         gen_tokens=args.gen_tokens, repeat=args.repeat, mode=args.mode,
+                         gen_tokens=args.gen_tokens, repeat=args.repeat, rounds=args.rounds, mode=args.mode,
                          llama_cpp=not args.no_llama_cpp)
     if config.llama_cpp and not llama_cpp_available():
         print("llama-cpp-python is not installed (pip install '.[bench]'): edgellm only", file=sys.stderr)
