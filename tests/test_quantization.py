@@ -96,6 +96,20 @@ def test_quantize_from_a_gguf(smollm2_path, tmp_path):
     assert q.kl_mean <= 0.01 and q.top1_agreement >= 0.95
 
 
+def test_a_sentencepiece_gguf_keeps_its_compact_tokenizer(tmp_path):
+    from edgellm.tokenizer.sentencepiece import SentencePieceBPE
+    from tests.tiny import VOCAB, random_weights, write_gguf
+
+    gguf = write_gguf(tmp_path / "tiny.gguf", "gemma3", random_weights("gemma3"), tokenizer="llama")
+    result = quantize_model(gguf, tmp_path / "tiny.edgellm", "int8")
+    with QuantizedFile(result.path) as quantized, edgellm.load(gguf, mode="exact") as source:
+        ours = quantized.load_tokenizer()
+        assert isinstance(ours._backend, SentencePieceBPE) and ours.vocab_size == VOCAB
+        for text in ["abc ab ba", "<start_of_turn>user\nhé zz<end_of_turn>", " ", "ünknown"]:
+            assert ours.encode(text) == source.tokenizer.encode(text), text
+        assert ours.eos_ids == source.tokenizer.eos_ids and ours.bos_id == source.tokenizer.bos_id
+
+
 def test_hf_folder_runs_exactly_like_its_gguf(smollm2_path, tmp_path):
     # f32: the folder holds exactly the GGUF's dequantized weights, so the runs must agree
     folder = convert_to_hf(smollm2_path, tmp_path / "f32", "f32")

@@ -28,7 +28,10 @@ def _add(writer, name: str, array: np.ndarray, qtype) -> None:
         writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
 
 
-def _tokenizer_metadata(writer) -> None:
+def _tokenizer_metadata(writer, kind: str) -> None:
+    if kind == "llama":  # a SentencePiece vocabulary, Gemma-style: no prefix space, byte fallback
+        _sentencepiece_metadata(writer)
+        return
     tokens = [f"<t{i}>" for i in range(VOCAB)]
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
@@ -36,6 +39,27 @@ def _tokenizer_metadata(writer) -> None:
     writer.add_token_merges([])
     writer.add_eos_token_id(0)
     writer.add_bos_token_id(1)
+
+
+def sentencepiece_tokens() -> list[str]:
+    pieces = ["▁", *"abcdefghijklmnopqrstuvwxyz", "▁a", "▁b", "ab", "ba", "▁ab", "abc", "\n"]
+    pieces += [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "aeiou" if a + b not in pieces]
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<0xC3>", "<0xA9>"]
+    return (special + pieces)[:VOCAB]
+
+
+def _sentencepiece_metadata(writer) -> None:
+    tokens = sentencepiece_tokens()
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3, 2, 3, 3, 6, 6] + [1] * (len(tokens) - 8))
+    writer.add_token_scores([-float(i) for i in range(len(tokens))])
+    writer.add_pad_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_bos_token_id(2)
+    writer.add_unk_token_id(3)
+    writer.add_add_space_prefix(False)
 
 
 def random_weights(arch: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -90,7 +114,7 @@ def _gguf_name(arch: str, hf_name: str) -> str:
 
 
 def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=None,
-               sliding_window: int = 8) -> Path:
+               sliding_window: int = 8, tokenizer: str = "gpt2") -> Path:
     """Write `weights` (HF names) as a GGUF file the way llama.cpp's converter would."""
     import gguf
 
@@ -107,7 +131,7 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
     writer.add_rope_freq_base(10000.0)
     if arch == "gemma3":
         writer.add_sliding_window(sliding_window)
-    _tokenizer_metadata(writer)
+    _tokenizer_metadata(writer, tokenizer)
     for hf_name, tensor in weights.items():
         array = tensor.numpy()
         if arch == "llama" and ("q_proj.weight" in hf_name or "k_proj.weight" in hf_name):

@@ -63,6 +63,10 @@ def quantize_model(src: str | Path, out: str | Path, recipe: str, calibrate: str
         tokenizer = load_tokenizer(source)
         template = ChatTemplate.from_metadata(meta, tokenizer)
         model_meta = {k: v for k, v in meta.items() if not k.startswith("tokenizer.ggml.")}
+        # A GGUF's SentencePiece vocabulary travels as it is: the file then loads edgellm's
+        # compact encoder rather than tokenizer.json in the tokenizers library.
+        gguf_vocab = ({k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.")}
+                      if meta.get("tokenizer.ggml.model") == "llama" else None)
 
     regrouped: list[str] = []
 
@@ -91,7 +95,8 @@ def quantize_model(src: str | Path, out: str | Path, recipe: str, calibrate: str
     from edgellm.tokenizer.hf import to_hf
 
     tokenizer_json, tokenizer_config = to_hf(tokenizer, template.source)
-    model = QuantizedModel(model_meta, kept, quantized, tokenizer_json, tokenizer_config, rules.text, _sha256(path))
+    model = QuantizedModel(model_meta, kept, quantized, tokenizer_json, tokenizer_config, rules.text, _sha256(path),
+                           gguf_vocab)
     size = save_quantized(model, out)
     counts: dict[str, int] = {}
     for name in names:

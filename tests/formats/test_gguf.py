@@ -170,3 +170,20 @@ def test_real_models_parse(smollm2_path, gemma3_path):
     with open_gguf(gemma3_path) as f:
         assert f.metadata["general.architecture"] == "gemma3"
         assert len(f.metadata["tokenizer.ggml.tokens"]) == 262144
+
+
+def test_packed_strings_round_trip_and_refuse_bad_offsets():
+    import numpy as np
+
+    from edgellm.formats.strings import StringArray, pack_strings
+
+    words = ["héllo", "", "wörld", "😀"]
+    blob, offsets = pack_strings(words)
+    assert list(StringArray.from_packed(blob, offsets)) == words
+    assert pack_strings(StringArray.from_packed(blob, offsets))[0] == blob
+    for bad_blob, bad_offsets in [(blob, offsets[:-1]),                 # does not reach the end
+                                  (blob, offsets[::-1].copy()),         # falling
+                                  (blob, np.array([0, 2, len(blob)])),  # splits the é
+                                  (b"\xff", np.array([0, 1]))]:         # not UTF-8
+        with pytest.raises(ValueError):
+            StringArray.from_packed(bad_blob, bad_offsets)

@@ -5,7 +5,12 @@ quantized weight as `<name>.q`, `<name>.scale` and, for asymmetric INT4, `<name>
 (see quant/schemes.py); the tokenizer as `__tokenizer__` (tokenizer.json's bytes).
 Metadata (all strings): format + version, the model's GGUF-style metadata, each quantized
 weight's scheme, the recipe, the source's SHA-256, the tokenizer config, and a SHA-256 of
-all tensor contents that is checked on open — a damaged file is refused, never run."""
+all tensor contents that is checked on open — a damaged file is refused, never run.
+
+Version 2 adds, for a GGUF source with a SentencePiece vocabulary (Gemma), that vocabulary
+as the GGUF has it: its scalar `tokenizer.ggml.*` keys in the metadata and its tokens, types
+and scores as `__vocab__.*` tensors. Such a file then loads edgellm's compact SentencePiece
+encoder (~10 MB) instead of tokenizer.json in the `tokenizers` library (~90 MB for Gemma)."""
 from __future__ import annotations
 
 import hashlib
@@ -16,15 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
-from edgellm.errors import ModelFormatError, UnsupportedModel
+from edgellm.errors import ModelFormatError, TokenizerError, UnsupportedModel
 from edgellm.formats.safetensors import PAD_PREFIX, SafetensorsFile, write_safetensors
+from edgellm.formats.strings import StringArray, pack_strings
 from edgellm.quant.schemes import QuantizedWeight, Scheme
 
 FORMAT = "edgellm.quantized"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = ("1", "2")  # 1: no __vocab__ tensors
 TOKENIZER = "__tokenizer__"
+VOCAB = "__vocab__."  # .text, .offsets (the tokens), .types, .scores
+_VOCAB_ARRAYS = {"tokenizer.ggml.token_type": ("types", torch.int32), "tokenizer.ggml.scores": ("scores", torch.float32)}
 _PARTS = ("q", "scale", "zero")
 
 
@@ -58,6 +68,7 @@ class QuantizedModel:
     tokenizer_config: dict[str, Any]
     recipe: str
     source_sha256: str
+    gguf_vocab: dict[str, Any] | None = None  # a GGUF's tokenizer.ggml.* keys (SentencePiece sources)
 
 
 def is_quantized_file(path: str | Path) -> bool:
@@ -79,12 +90,14 @@ def save_quantized(model: QuantizedModel, path: str | Path) -> int:
     for name, w in model.weights.items():
         tensors |= {f"{name}.{part}": t for part, t in zip(_PARTS, (w.q, w.scale, w.zero)) if t is not None}
     tensors[TOKENIZER] = torch.frombuffer(bytearray(model.tokenizer_json.encode("utf-8")), dtype=torch.uint8)
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    vocab_tensors, vocab_scalars = _vocab_parts(model.gguf_vocab) if model.gguf_vocab else ({}, None)
+    tensors = {k: v.contiguous() for k, v in (tensors | vocab_tensors).items()}
     metadata = {
         "format": FORMAT, "format_version": str(VERSION),
         "model": json.dumps(model.metadata), "recipe": model.recipe, "source_sha256": model.source_sha256,
         "weights": json.dumps({n: {"scheme": w.scheme.name, "shape": list(w.shape)} for n, w in model.weights.items()}),
         "tokenizer_config": json.dumps(model.tokenizer_config),
+        **({"gguf_vocab": json.dumps(vocab_scalars)} if vocab_scalars is not None else {}),
         "content_sha256": _content_hash((k, v.view(torch.uint8).reshape(-1)) for k, v in sorted(tensors.items())),
     }
     path = Path(path)
@@ -98,6 +111,19 @@ def save_quantized(model: QuantizedModel, path: str | Path) -> int:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path.stat().st_size
+
+
+def _vocab_parts(gguf_vocab: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A GGUF tokenizer's metadata as tensors (tokens, types, scores) and JSON-able scalars."""
+    text, offsets = pack_strings(gguf_vocab["tokenizer.ggml.tokens"])
+    tensors = {f"{VOCAB}text": torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else torch.zeros(0, dtype=torch.uint8),
+               f"{VOCAB}offsets": torch.from_numpy(offsets.astype(np.int64))}
+    for key, (part, dtype) in _VOCAB_ARRAYS.items():
+        if gguf_vocab.get(key) is not None:
+            tensors[f"{VOCAB}{part}"] = torch.as_tensor(np.asarray(gguf_vocab[key])).to(dtype)
+    scalars = {k: v.item() if isinstance(v, np.generic) else v for k, v in gguf_vocab.items()
+               if isinstance(v, (str, bool, int, float, np.generic))}
+    return tensors, scalars
 
 
 def _content_hash(items) -> str:
@@ -130,20 +156,21 @@ class QuantizedFile:
         meta = self._file.metadata
         if meta.get("format") != FORMAT:
             raise self._fail("not an edgellm quantized file")
-        if meta.get("format_version") != str(VERSION):
+        if meta.get("format_version") not in READABLE_VERSIONS:
             raise UnsupportedModel(f"{self.path}: quantized format version {meta.get('format_version')!r} "
-                                   f"is not one this edgellm reads ({VERSION})")
+                                   f"is not one this edgellm reads ({', '.join(READABLE_VERSIONS)})")
         try:
             self.metadata = json.loads(meta["model"])
             weights = json.loads(meta["weights"])
             self.tokenizer_config = json.loads(meta["tokenizer_config"])
             self.recipe, self.source_sha256 = meta["recipe"], meta["source_sha256"]
+            self._gguf_vocab = json.loads(meta["gguf_vocab"]) if "gguf_vocab" in meta else None
         except (KeyError, json.JSONDecodeError) as e:
             raise self._fail(f"damaged metadata ({e})") from None
         self._weights = {name: self._weight_info(name, spec) for name, spec in weights.items()}
         self.tensors: dict[str, Any] = dict(self._weights)
         for name, e in self._file.entries.items():
-            if name != TOKENIZER and not name.startswith(PAD_PREFIX) and name.rsplit(".", 1)[0] not in self._weights:
+            if name != TOKENIZER and not name.startswith((PAD_PREFIX, VOCAB)) and name.rsplit(".", 1)[0] not in self._weights:
                 info = e.as_float_info(name)
                 if info is None:
                     raise self._fail(f"tensor {name!r} has dtype {e.dtype}, neither float nor a quantized part")
@@ -182,10 +209,31 @@ class QuantizedFile:
         return self._file.raw(name)
 
     def load_tokenizer(self):
+        if self._gguf_vocab is not None:
+            from edgellm.tokenizer import Tokenizer
+
+            return Tokenizer.from_gguf_metadata(self._gguf_vocab_metadata())
         from edgellm.tokenizer.hf import from_hf
 
         text = bytes(self._file.raw(TOKENIZER).numpy()).decode("utf-8")
         return from_hf(text, self.tokenizer_config, self.metadata.get("general.architecture", ""))
+
+    @property
+    def gguf_vocab(self) -> dict[str, Any] | None:
+        """The source GGUF's scalar tokenizer.ggml.* keys, when the file carries its vocabulary."""
+        return self._gguf_vocab
+
+    def _gguf_vocab_metadata(self) -> dict[str, Any]:
+        """The source GGUF's tokenizer metadata, rebuilt from this file (read_vocab checks it)."""
+        try:
+            tokens = StringArray.from_packed(bytes(self._file.raw(f"{VOCAB}text").numpy()),
+                                             self._file.tensor(f"{VOCAB}offsets").numpy())
+        except (KeyError, ValueError) as e:
+            raise TokenizerError(f"{self.path}: damaged vocabulary ({e})") from None
+        arrays = {key: self._file.tensor(f"{VOCAB}{part}").numpy() for key, (part, _) in _VOCAB_ARRAYS.items()
+                  if f"{VOCAB}{part}" in self._file.entries}
+        return {"general.architecture": self.metadata.get("general.architecture", ""), **self._gguf_vocab,
+                "tokenizer.ggml.tokens": tokens, **arrays}
 
     def drop_pages(self, names: list[str] | None = None) -> None:
         if names is None:

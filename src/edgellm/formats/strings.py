@@ -24,6 +24,29 @@ class StringArray(Sequence[str]):
         offsets = (spans - base).astype(np.int64 if stop - base >= 2**31 else np.int32)
         return cls(bytes(buf[base:stop]), offsets[:, 0].copy(), offsets[:, 1].copy())
 
+    @classmethod
+    def from_packed(cls, blob: bytes, offsets: np.ndarray) -> StringArray:
+        """Strings i = blob[offsets[i]:offsets[i + 1]] (what packed() writes), checked: ValueError
+        unless the offsets run from 0 to the end in order and every string is UTF-8."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(blob) \
+                or bool((np.diff(offsets) < 0).any()):
+            raise ValueError("string offsets must rise from 0 to the blob's length")
+        try:
+            blob.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"strings are not valid UTF-8 ({e.reason})") from None
+        inner = offsets[(offsets > 0) & (offsets < len(blob))]
+        raw = np.frombuffer(blob, dtype=np.uint8)
+        if bool(((raw[inner] & 0xC0) == 0x80).any()):  # a string would start mid-character
+            raise ValueError("a string boundary splits a UTF-8 character")
+        return cls(blob, offsets[:-1].copy(), offsets[1:].copy())
+
+    def packed(self) -> tuple[bytes, np.ndarray]:
+        """(blob, offsets) with string i at blob[offsets[i]:offsets[i + 1]]."""
+        parts = [self._blob[start:end] for start, end in zip(self._starts.tolist(), self._ends.tolist())]
+        return b"".join(parts), np.concatenate(([0], np.cumsum([len(b) for b in parts], dtype=np.int64)))
+
     def __len__(self) -> int:
         return len(self._starts)
 
@@ -58,3 +81,11 @@ class StringArray(Sequence[str]):
 
     def __repr__(self) -> str:
         return f"StringArray({len(self)} strings)"
+
+
+def pack_strings(strings: Sequence[str]) -> tuple[bytes, np.ndarray]:
+    """(blob, offsets) with string i at blob[offsets[i]:offsets[i + 1]] (StringArray.from_packed)."""
+    if isinstance(strings, StringArray):
+        return strings.packed()
+    raw = [s.encode("utf-8") for s in strings]
+    return b"".join(raw), np.concatenate(([0], np.cumsum([len(r) for r in raw], dtype=np.int64))).astype(np.int64)
