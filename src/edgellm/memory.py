@@ -35,23 +35,22 @@ def _libc():
     return libc if libc is not None and hasattr(libc, "mallopt") else None
 
 
-def return_large_frees_to_os() -> bool:
-    """Pin glibc's mmap threshold (no-op elsewhere); returns whether it applied."""
+def _set_thresholds(mmap_bytes: int, trim_bytes: int) -> bool:
+    """glibc's fixed mmap and trim thresholds, process-wide (no-op elsewhere); whether it applied."""
     libc = _libc()
     if libc is None:
         return False
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, LARGE_ALLOCATION) == 1
-    return ok and libc.mallopt(_M_TRIM_THRESHOLD, 4 * LARGE_ALLOCATION) == 1
+    return libc.mallopt(_M_MMAP_THRESHOLD, mmap_bytes) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, trim_bytes) == 1
+
+
+def return_large_frees_to_os() -> bool:
+    """Every buffer from 1 MB on its own mapping, returned the moment it is freed (loading)."""
+    return _set_thresholds(LARGE_ALLOCATION, 4 * LARGE_ALLOCATION)
 
 
 def reuse_freed_pages() -> bool:
-    """Serve buffers up to 16 MB from glibc's heap and keep freed pages for reuse (no-op
-    elsewhere; process-wide, like return_large_frees_to_os); returns whether it applied."""
-    libc = _libc()
-    if libc is None:
-        return False
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, 16 * LARGE_ALLOCATION) == 1
-    return ok and libc.mallopt(_M_TRIM_THRESHOLD, 32 * LARGE_ALLOCATION) == 1
+    """Buffers up to 16 MB from the heap, up to 32 MB of freed pages kept for reuse (inference)."""
+    return _set_thresholds(16 * LARGE_ALLOCATION, 32 * LARGE_ALLOCATION)
 
 
 def trim() -> None:

@@ -117,7 +117,7 @@ def _vocab_parts(gguf_vocab: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor]
     """A GGUF tokenizer's metadata as tensors (tokens, types, scores) and JSON-able scalars."""
     text, offsets = pack_strings(gguf_vocab["tokenizer.ggml.tokens"])
     tensors = {f"{VOCAB}text": torch.frombuffer(bytearray(text), dtype=torch.uint8) if text else torch.zeros(0, dtype=torch.uint8),
-               f"{VOCAB}offsets": torch.from_numpy(offsets.astype(np.int64))}
+               f"{VOCAB}offsets": torch.from_numpy(offsets)}
     for key, (part, dtype) in _VOCAB_ARRAYS.items():
         if gguf_vocab.get(key) is not None:
             tensors[f"{VOCAB}{part}"] = torch.as_tensor(np.asarray(gguf_vocab[key])).to(dtype)

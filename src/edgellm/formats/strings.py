@@ -88,4 +88,4 @@ def pack_strings(strings: Sequence[str]) -> tuple[bytes, np.ndarray]:
     if isinstance(strings, StringArray):
         return strings.packed()
     raw = [s.encode("utf-8") for s in strings]
-    return b"".join(raw), np.concatenate(([0], np.cumsum([len(r) for r in raw], dtype=np.int64))).astype(np.int64)
+    return b"".join(raw), np.concatenate(([0], np.cumsum([len(r) for r in raw], dtype=np.int64)))

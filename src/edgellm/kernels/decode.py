@@ -164,8 +164,7 @@ def _slots(cache, pos: int) -> _KVSlots:
     if isinstance(cache, RingCache):
         return _KVSlots(cache.k.parts["x"].data_ptr(), cache.v.parts["x"].data_ptr(), cache.window,
                         cache.positions.data_ptr(), half)
-    cache.k.ensure(pos + 1)
-    cache.v.ensure(pos + 1)
+    cache.reserve(pos + 1)  # already done by SequenceKV.prepare; not by callers passing bare caches
     k = cache.k.parts["x"]
     return _KVSlots(k.data_ptr(), cache.v.parts["x"].data_ptr(), k.shape[2], None, half)
 

@@ -91,9 +91,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
 
     `visibility` comes from the cache: None (all keys), CAUSAL (the queries are the last T of
     the S positions; fused kernels skip the masked part), SlidingCausal (the same within a
-    window) or a (T, S) bool mask. For a batch of
-    sequences (LayerBatch) k, v and visibility are lists, one per sequence. `native` (fast
-    mode) sends prompt chunks to kernels/attention.c; decode steps are already native or tiny."""
+    window) or a (T, S) bool mask. For a batch of sequences (LayerBatch) k, v and visibility
+    are lists, one per sequence. `native` (fast mode) sends prompt chunks to
+    kernels/attention.c; decode steps are already native or tiny."""
     if isinstance(k, list):
         return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale, native=native)
                           for i in range(len(k))])

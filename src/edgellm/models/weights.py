@@ -65,8 +65,8 @@ class Weights:
         """One linear for one name; several names are fused along the output dimension."""
         key = "+".join(names)
         rows = rows or {}
-        if self.mode == "fast" and all(self.has(n) and BlockLinear.supports(self._info(n).ggml_type, self._info(n).shape)
-                                       for n in names):
+        infos = [self.source.tensors.get(n) for n in names]
+        if self.mode == "fast" and all(i is not None and BlockLinear.supports(i.ggml_type, i.shape) for i in infos):
             return BlockLinear([self._part(n, rows.get(n)) for n in names])  # the file's blocks, in place
         cached = self.cache.get(key) if self.cache is not None else None
         if cached is not None:
