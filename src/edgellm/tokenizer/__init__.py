@@ -32,7 +32,6 @@ class Tokenizer:
     def __init__(self, vocab: Vocab, backend: TokenizerBackend):
         self._vocab = vocab
         self._backend = backend
-        self._special_ids = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)
         # computed per token when streamed (a table for 262k tokens would hold ~13 MB)
         self._token_bytes = lru_cache(maxsize=8192)(partial(token_bytes, vocab))
 
@@ -69,14 +68,14 @@ class Tokenizer:
         ids = {self._vocab.eos_id} if self._vocab.eos_id is not None else set()
         for text in _END_OF_TURN_TEXTS:
             token_id = self.token_to_id(text)
-            if token_id is not None and token_id in self._special_ids:
+            if token_id is not None and token_id in self._vocab.control_ids:
                 ids.add(token_id)
         return frozenset(ids)
 
     @property
     def special_ids(self) -> frozenset[int]:
         """CONTROL tokens: BOS/EOS, turn markers, padding, unused slots."""
-        return self._special_ids
+        return self._vocab.control_ids
 
     def id_to_token(self, token_id: int) -> str:
         """The token as the GGUF spells it."""

@@ -43,7 +43,6 @@ class SentencePieceBPE:
         self._index = VocabIndex(vocab.tokens, spell_piece)
         self._ranks = memoryview(merge_ranks(vocab))
         self._byte_ids = [self._index.get(f"<0x{b:02X}>") for b in range(256)]
-        self._special = frozenset(i for i, kind in enumerate(vocab.types) if kind == TokenType.CONTROL)
         # As Hugging Face adds them: by text, so a token whose text the vocabulary spells
         # differently (Gemma's runs of real spaces) is not an added token.
         added = (token for token, kind in zip(vocab.tokens, vocab.types)
@@ -70,7 +69,7 @@ class SentencePieceBPE:
         out: list[str] = []
         run = bytearray()
         for token_id in ids:
-            if skip_special_tokens and token_id in self._special:
+            if skip_special_tokens and token_id in self._vocab.control_ids:
                 continue
             piece = self._vocab.tokens[token_id].replace(SPIECE_SPACE, " ")
             if (value := byte_token_value(piece)) is not None:

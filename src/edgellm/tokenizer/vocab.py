@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from enum import IntEnum
 from typing import Any
 
@@ -43,6 +44,11 @@ class Vocab:
     unk_id: int | None
     add_bos: bool
     add_eos: bool
+
+    @cached_property
+    def control_ids(self) -> frozenset[int]:
+        """CONTROL tokens: BOS/EOS, turn markers, padding, unused slots."""
+        return frozenset(i for i, kind in enumerate(self.types) if kind == TokenType.CONTROL)
 
     def cache_key(self) -> str:
         digest = hashlib.sha256()
