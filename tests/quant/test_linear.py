@@ -4,15 +4,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from edgellm import kernels
 from edgellm.quant import linear as linear_mod
 from edgellm.quant.ggml import GGMLType, dequantize
-from edgellm.quant.linear import DenseLinear, Int4Linear, make_fused_linear, make_linear
+from edgellm.quant.linear import UNPACK_ROWS, DenseLinear, Int4Linear, make_fused_linear, make_linear
 
 from . import reference
 
-# The int4 kernel keeps scale/zero in bf16 (8-bit mantissa) and returns bf16,
-# so its output differs from fp32 math on the exact weight by ~0.3 %.
+# The INT4 layout keeps scale/zero in bf16 (8-bit mantissa), and prompts multiply in the compute
+# dtype (bf16 where the CPU has it), so outputs differ from fp32 math on the exact weight by ~0.3 %.
 INT4_REL_TOL = 1e-2
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="the INT4 layout runs on the native kernels")
+FAST = kernels.compute_dtype()  # what fast mode's dense layers and prompt GEMMs multiply in
 
 
 def _part(fmt: str, n: int, k: int, seed: int = 0):
@@ -32,35 +35,50 @@ def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.float() - ref).norm() / ref.norm()).item()
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     "fmt, n, k",
     [("Q4_0", 960, 576), ("Q4_1", 3072, 576), ("Q4_K", 576, 1536), ("Q4_0", 576, 1536)],
 )
-def test_int4_linear_matches_dequantized_weight(fmt, n, k):
+@pytest.mark.parametrize("rows", [5, 20, UNPACK_ROWS + 8])
+def test_int4_linear_matches_dequantized_weight(fmt, n, k, rows):
     part = _part(fmt, n, k)
     lin = make_linear(*part, mode="fast")
     assert isinstance(lin, Int4Linear)
-    x = _x(k)
+    x = _x(k, rows, dtype=torch.float32)
     y = lin(x)
-    assert y.dtype == torch.bfloat16 and y.shape == (5, n)
-    assert _rel_err(y, F.linear(x.float(), _weight([part]))) < INT4_REL_TOL
+    # decode-sized inputs (GEMV, in chunks of 8 rows) come out fp32; prompts in the compute dtype
+    assert y.dtype == (FAST if rows >= UNPACK_ROWS else torch.float32) and y.shape == (rows, n)
+    assert _rel_err(y, F.linear(x, _weight([part]))) < INT4_REL_TOL
 
 
+@needs_kernels
+def test_prompt_gemm_in_scratch_chunks_equals_one_gemm(monkeypatch):
+    lin = make_linear(*_part("Q4_1", 256, 128), mode="fast")
+    x = torch.randn(40, 128)
+    one_gemm = lin(x)
+    monkeypatch.setattr(kernels, "SCRATCH_ROWS", 64)  # a big layer: unpacked and multiplied 64 rows at a time
+    torch.testing.assert_close(lin(x), one_gemm)
+
+
+@needs_kernels
 def test_int4_linear_nbytes():
     lin = make_linear(*_part("Q4_K", 64, 512), mode="fast")
     # 4 bits per weight + bf16 scale and zero per group of 32
     assert lin.nbytes == 64 * 512 // 2 + 64 * (512 // 32) * 2 * 2
 
 
+@needs_kernels
 def test_int4_linear_packs_in_row_chunks(monkeypatch):
-    # Packing chunk by chunk must equal packing at once, including a 16-row tail.
-    monkeypatch.setattr(linear_mod, "_PACK_ROWS", 64)
-    part = _part("Q4_1", 208, 64)
+    # Packing chunk by chunk must equal packing at once, including a 64-row tail.
+    monkeypatch.setattr(linear_mod, "_PACK_ROWS", 128)
+    part = _part("Q4_1", 320, 64)
     x = _x(64)
     ref = F.linear(x.float(), _weight([part]))
     assert _rel_err(make_linear(*part, mode="fast")(x), ref) < INT4_REL_TOL
 
 
+@needs_kernels
 @pytest.mark.parametrize(
     "specs",
     [
@@ -80,6 +98,7 @@ def test_fused_int4(specs):
         assert _rel_err(piece, F.linear(x.float(), dequantize(*part))) < INT4_REL_TOL
 
 
+@needs_kernels
 def test_fused_4_and_8_bit_parts_share_two_planes():
     parts = [_part("Q4_K", 256, 512), _part("Q8_0", 64, 512)]
     fast = make_fused_linear(parts, mode="fast")
@@ -94,7 +113,7 @@ def test_fused_mixed_types_fall_back_to_dense():
     x = _x(512, dtype=torch.float32)
 
     fast = make_fused_linear(parts, mode="fast")
-    assert isinstance(fast, DenseLinear) and fast.weight.dtype == torch.bfloat16
+    assert isinstance(fast, DenseLinear) and fast.weight.dtype == FAST
     assert fast.out_splits == [256, 64, 64]
     assert _rel_err(fast(x), F.linear(x, weight)) < INT4_REL_TOL
 
@@ -103,9 +122,10 @@ def test_fused_mixed_types_fall_back_to_dense():
     assert torch.equal(exact(x), F.linear(x, weight))
 
 
+@needs_kernels
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q5_0", "Q5_1"])
 def test_five_to_eight_bit_formats_become_two_exact_4bit_planes(fmt):
-    n, k = 48, 64
+    n, k = 64, 64
     part = _part(fmt, n, k)
     lin = make_linear(*part, mode="fast")
     assert isinstance(lin, Int4Linear) and lin.planes == 2
@@ -114,12 +134,13 @@ def test_five_to_eight_bit_formats_become_two_exact_4bit_planes(fmt):
     assert _rel_err(lin(x), F.linear(x.float(), dequantize(*part))) < INT4_REL_TOL
 
 
+@needs_kernels
 def test_two_planes_reproduce_8bit_integers_exactly():
     # Scales, zeros and x all exactly representable in bf16: the only rounding left is the
     # kernel's fp32 accumulation, so any plane-splitting mistake would show.
-    q = torch.randint(0, 256, (32, 64), dtype=torch.uint8)
-    scale = 2.0 ** torch.randint(-6, -2, (32, 2)).float()
-    zero = torch.randint(-64, 64, (32, 2)).float() / 64
+    q = torch.randint(0, 256, (64, 64), dtype=torch.uint8)
+    scale = 2.0 ** torch.randint(-6, -2, (64, 2)).float()
+    zero = torch.randint(-64, 64, (64, 2)).float() / 64
     lin = Int4Linear.from_affine(q, scale, zero, bits=8)
     weight = q.float() * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1)
     x = torch.randn(3, 64).to(torch.bfloat16).float()
@@ -128,18 +149,18 @@ def test_two_planes_reproduce_8bit_integers_exactly():
 
 
 @pytest.mark.parametrize("fmt", ["Q6_K", "F16", "F32"])
-def test_fast_mode_other_types_are_bf16_dense(fmt):
+def test_fast_mode_other_types_are_dense_in_the_compute_dtype(fmt):
     k = 512 if fmt == "Q6_K" else 64
     lin = make_linear(*_part(fmt, 48, k), mode="fast")
-    assert isinstance(lin, DenseLinear) and lin.weight.dtype == torch.bfloat16
-    assert lin.nbytes == 48 * k * 2
+    assert isinstance(lin, DenseLinear) and lin.weight.dtype == FAST
+    assert lin.nbytes == 48 * k * FAST.itemsize
 
 
-def test_int4_falls_back_when_kernel_rejects_shape():
-    part = _part("Q4_0", 40, 64)  # N not a multiple of 16
+def test_int4_falls_back_when_the_layout_rejects_shape():
+    part = _part("Q4_0", 40, 64)  # N not a multiple of the layout's 64-row blocks
     assert not Int4Linear.supports(40, 64)
     lin = make_linear(*part, mode="fast")
-    assert isinstance(lin, DenseLinear) and lin.weight.dtype == torch.bfloat16
+    assert isinstance(lin, DenseLinear) and lin.weight.dtype == FAST
     x = _x(64)
     assert _rel_err(lin(x), F.linear(x.float(), _weight([part]))) < INT4_REL_TOL
 
@@ -157,19 +178,20 @@ def test_exact_mode_is_fp32_dequantized():
 @pytest.mark.parametrize("mode", ["exact", "fast"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_output_is_in_compute_dtype_with_input_leading_dims(mode, dtype):
-    lin = make_linear(*_part("Q4_0", 32, 64), mode=mode)
+    lin = make_linear(*_part("Q4_0", 32, 64), mode=mode)  # 32 rows: dense in fast mode too
     x = torch.randn(2, 3, 64).to(dtype)
     y = lin(x)
-    assert y.dtype == (torch.float32 if mode == "exact" else torch.bfloat16) and y.shape == (2, 3, 32)
+    assert y.dtype == (torch.float32 if mode == "exact" else FAST) and y.shape == (2, 3, 32)
     assert lin(x[:, :0]).shape == (2, 0, 32)  # empty batch
 
 
 def test_int4_linear_rejects_bad_parts():
     q = torch.zeros(40, 64, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="N % 16"):
+    with pytest.raises(ValueError, match="N % 64"):
         Int4Linear(q, torch.ones(40, 2), torch.zeros(40, 2))
+    q = torch.zeros(64, 64, dtype=torch.uint8)
     with pytest.raises(ValueError, match="shape"):
-        Int4Linear(q[:32], torch.ones(32, 3), torch.zeros(32, 3))
+        Int4Linear(q, torch.ones(64, 3), torch.zeros(64, 3))
 
 
 def test_make_linear_rejects_bad_arguments():

@@ -58,7 +58,8 @@ def _summarize(raws: list[dict], gen: int) -> dict:
         decode = statistics.median((r["generated"] - 1) / r["decode_s"] for r in runs if r["decode_s"] > 0)
         by_prompt[n] = dict(ttft_s=ttft, prefill_tok_s=int(n) / ttft, decode_tok_s=decode)
     peak = max(raws, key=lambda raw: raw["peak_rss_bytes"])
-    return dict(load_s=statistics.median(raw["load_s"] for raw in raws),
+    kernels = {"kernels": raws[0]["kernels"]} if "kernels" in raws[0] else {}
+    return kernels | dict(load_s=statistics.median(raw["load_s"] for raw in raws),
                 cold_start_s=statistics.median(raw["cold_start_s"] for raw in raws),
                 peak_rss_mb=peak["peak_rss_bytes"] / 2**20, runtime_rss_mb=peak["runtime_rss_bytes"] / 2**20,
                 by_prompt=by_prompt)
@@ -99,7 +100,8 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
 def format_table(report: dict) -> str:
     lines = []
     for entry in report["results"]:
-        lines.append(f"\n{entry['model']} — {entry['threads']} threads")
+        kernels = entry["engines"].get("edgellm", {}).get("kernels")
+        lines.append(f"\n{entry['model']} — {entry['threads']} threads" + (f" — edgellm: {kernels}" if kernels else ""))
         lines.append(f"{'engine':<11}{'prompt':>7}{'TTFT ms':>9}{'prefill t/s':>12}{'decode t/s':>11}"
                      f"{'load s':>8}{'cold s':>8}{'peak MB':>9}")
         for name, e in entry["engines"].items():

@@ -46,8 +46,13 @@ def measure(cfg: dict) -> dict:
             timing = engine.run(ids, cfg["gen_tokens"])
             first_token_epoch = first_token_epoch or t0 + timing.ttft_s
             runs[str(n)].append(dict(ttft_s=timing.ttft_s, decode_s=timing.decode_s, generated=timing.generated))
-    return dict(engine=cfg["engine"], load_s=load_s, runtime_rss_bytes=baseline, peak_rss_bytes=_peak_rss(),
-                first_token_epoch=first_token_epoch, runs=runs)
+    out = dict(engine=cfg["engine"], load_s=load_s, runtime_rss_bytes=baseline, peak_rss_bytes=_peak_rss(),
+               first_token_epoch=first_token_epoch, runs=runs)
+    if cfg["engine"] == "edgellm":
+        from edgellm import kernels
+
+        out["kernels"] = kernels.describe()
+    return out
 
 
 if __name__ == "__main__":

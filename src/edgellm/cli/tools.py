@@ -10,6 +10,7 @@ from edgellm.registry import REGISTRY
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from edgellm import kernels
     from edgellm.formats import open_model
     from edgellm.model import describe
     from edgellm.registry import resolve
@@ -17,13 +18,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     with open_model(resolve(args.model)) as source:
         info = describe(source)
     if args.json:
-        print(json.dumps(info.as_dict(), indent=2))
+        print(json.dumps(info.as_dict() | {"kernels": kernels.describe()}, indent=2))
         return 0
     types = ", ".join(f"{name}×{count}" for name, count in info.tensor_types.items())
     rows = [("file", info.path), ("name", info.name), ("architecture", info.architecture),
             ("file size", f"{info.file_bytes / 2**20:.1f} MiB"), ("parameters", f"{info.parameters / 1e6:.1f} M"),
             ("tensor types", types), ("context length", str(info.context_length)),
-            ("KV bytes per token", f"{info.kv_bytes_per_token} (fp32 K+V, layers that grow with the context)")]
+            ("KV bytes per token", f"{info.kv_bytes_per_token} (fp32 K+V, layers that grow with the context)"),
+            ("kernels", kernels.describe() + " (this CPU; EDGELLM_ISA picks another variant)")]
     for key, value in rows:
         print(f"{key:>20}  {value}")
     return 0
@@ -108,7 +110,10 @@ def _profile(model_name: str, args: argparse.Namespace) -> int:
     from edgellm.model import load
 
     threads = args.threads[0] if args.threads else None
+    from edgellm import kernels
+
     with load(model_name, mode=args.mode, threads=threads) as model:
+        print(f"kernels: {kernels.describe()}")
         print(profile_decode(model, prompt_tokens=args.prompt_tokens[0]))
     return 0
 

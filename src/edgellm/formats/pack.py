@@ -1,9 +1,9 @@
 """A model's converted linears kept on disk, so the next load maps them instead of packing.
 
-Converting GGUF blocks into the int4 kernel's layout is most of a fast-mode load. The result
-depends on the file, the mode, edgellm's pack version, torch's version and the CPU's vector
-ISA (the kernel's row blocking differs between AVX2 and AVX-512): all of it is in the key.
-A missing, stale or damaged cache is simply rebuilt."""
+Converting GGUF blocks into edgellm's INT4 layout is most of a fast-mode load. The result
+depends on the file, the mode, edgellm's pack and layout versions (quant/int4_pack.py: the same
+bytes on every machine) and the compute dtype of dense layers (bf16 only on CPUs with native
+bf16): all of it is in the key. A missing, stale or damaged cache is simply rebuilt."""
 from __future__ import annotations
 
 import hashlib
@@ -15,16 +15,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from edgellm.quant.linear import DenseLinear, Int4Linear
+from edgellm.quant.int4_pack import LAYOUT_VERSION
+from edgellm.quant.linear import DenseLinear, Int4Linear, fast_dtype
 from edgellm.registry import cache_dir
 
-PACK_VERSION = 3  # 2: Q8_0 heads stay in the file; 3: so do all Q8_0 / Q5_0 linears (quant/blocks.py)
+# 2: Q8_0 heads stay in the file; 3: so do all Q8_0 / Q5_0 linears (quant/blocks.py); 4: edgellm's
+# own INT4 layout instead of torch's
+PACK_VERSION = 4
 
 
 def cache_key(path: str | Path, mode: str) -> str:
     stat = Path(path).stat()
-    isa = torch.backends.cpu.get_cpu_capability()
-    text = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{mode}|{PACK_VERSION}|{torch.__version__}|{isa}"
+    dense = str(fast_dtype()).removeprefix("torch.")
+    text = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{mode}|{PACK_VERSION}|{LAYOUT_VERSION}|{dense}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

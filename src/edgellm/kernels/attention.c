@@ -3,7 +3,7 @@
 
    PyTorch's flash kernel runs ~80-100 GFLOP/s here on these head sizes, and a ring cache's
    boolean mask doubles its work; this kernel vectorizes across keys instead of within a dot
-   product. Keys are first transposed per KV head into Kt (D, S), so 16 scores come from D
+   product. Keys are first transposed per KV head into Kt (D, S), so VL scores come from D
    broadcast-FMAs; then a softmax with a polynomial exp; then P.V accumulates rows of V.
 
    Each work item is one KV head, its group of query heads and a few query positions, so the
@@ -12,20 +12,9 @@
    (query t sees keys 0 .. S - T + t), and with window > 0 only the last `window` of those
    (a sliding-window layer: the keys are in position order); otherwise mask is a (T, S) byte
    array, 1 = visible. A block computes only the keys some row of it sees: [first, len). */
-#include <immintrin.h>
-#include <math.h>
-#include <omp.h>
-#include <stdint.h>
-
-#include "vec_math.h"
+#include "simd.h"
 
 #define ROWS 8 /* query rows per block */
-
-/* e^x for x <= 0 (scores minus their max); lanes below -80 become exactly 0 (masked keys). */
-static inline __m512 exp_nonpositive(__m512 x) {
-    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-80.f), _CMP_GT_OQ);
-    return _mm512_maskz_mov_ps(keep, exp_ps(x));
-}
 
 typedef struct {
     const float *q; int64_t q_t, q_h;          /* q[t * q_t + h * q_h + d] */
@@ -46,58 +35,61 @@ static inline int64_t causal_start(const Problem *p, int64_t t) {
 }
 
 /* Scores of `rows` query rows (heads h[i], positions t[i]) against keys [first, len), scaled;
-   first is a multiple of 16 (Kt's vectors). */
+   first is a multiple of 16 (Kt's vectors are padded to 16 keys). */
 static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t, int64_t first,
                    int64_t len, float *sc) {
     const float *kt = p->kt + hk * p->D * p->s_pad;
     const float *qrow[ROWS];
     for (int i = 0; i < rows; i++) qrow[i] = p->q + t[i] * p->q_t + h[i] * p->q_h;
-    for (int64_t j = first; j < len; j += 16) {
-        __m512 acc[ROWS];
-        for (int i = 0; i < rows; i++) acc[i] = _mm512_setzero_ps();
+    int64_t end = (len + 15) / 16 * 16;
+    for (int64_t j = first; j < end; j += VL) {
+        vf acc[ROWS];
+        for (int i = 0; i < rows; i++) acc[i] = vf_zero();
         for (int64_t d = 0; d < p->D; d++) {
-            __m512 kv = _mm512_loadu_ps(kt + d * p->s_pad + j);
-            for (int i = 0; i < rows; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(qrow[i][d]), kv, acc[i]);
+            vf kv = vf_load(kt + d * p->s_pad + j);
+            for (int i = 0; i < rows; i++) acc[i] = vf_fma(vf_set1(qrow[i][d]), kv, acc[i]);
         }
-        for (int i = 0; i < rows; i++) _mm512_storeu_ps(sc + i * p->s_pad + j, _mm512_mul_ps(acc[i], _mm512_set1_ps(p->scale)));
+        for (int i = 0; i < rows; i++) vf_store(sc + i * p->s_pad + j, vf_mul(acc[i], vf_set1(p->scale)));
     }
 }
 
-/* In place: scores -> unnormalized probabilities over [first, len); returns 1 / sum per row. */
+/* In place: scores -> unnormalized probabilities over [first, len) (zero up to the next 16);
+   returns 1 / sum per row. */
 static void softmax_rows(const Problem *p, int rows, const int64_t *t, int64_t first, int64_t len, float *sc,
                          float *inv_sum) {
+    int64_t end = (len + 15) / 16 * 16;
     for (int i = 0; i < rows; i++) {
         float *s = sc + i * p->s_pad;
         int64_t lo = p->mask ? first : causal_start(p, t[i]), hi = p->mask ? len : causal_end(p, t[i]);
         for (int64_t j = first; j < lo; j++) s[j] = -INFINITY;
-        for (int64_t j = hi; j < len; j++) s[j] = -INFINITY;
+        for (int64_t j = hi; j < end; j++) s[j] = -INFINITY;
         if (p->mask) {
             const uint8_t *m = p->mask + t[i] * p->S;
             for (int64_t j = 0; j < len; j++) if (!m[j]) s[j] = -INFINITY;
         }
-        for (int64_t j = len; j < (len + 15) / 16 * 16; j++) s[j] = -INFINITY;
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = first; j < len; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-        float m = _mm512_reduce_max_ps(mx);
+        vf mx = vf_set1(-INFINITY);
+        for (int64_t j = first; j < end; j += VL) mx = vf_max(mx, vf_load(s + j));
+        float m = vf_hmax(mx);
         if (m == -INFINITY) m = 0.f;
-        __m512 sum = _mm512_setzero_ps();
-        for (int64_t j = first; j < len; j += 16) {
-            __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m)));
-            _mm512_storeu_ps(s + j, e);
-            sum = _mm512_add_ps(sum, e);
+        vf sum = vf_zero();
+        for (int64_t j = first; j < end; j += VL) {
+            vf x = vf_sub(vf_load(s + j), vf_set1(m));
+            vf e = vf_zero_below(x, vf_exp(x), -80.f);  /* masked keys: exactly 0 */
+            vf_store(s + j, e);
+            sum = vf_add(sum, e);
         }
-        float total = _mm512_reduce_add_ps(sum);
+        float total = vf_sum(sum);
         inv_sum[i] = total > 0.f ? 1.f / total : 0.f;
     }
 }
 
-/* Rows of the output for columns d0 .. d0 + 32 of D: the accumulated P.V times 1 / sum. */
+/* Rows of the output for columns d0 .. d0 + 2 VL of D: the accumulated P.V times 1 / sum. */
 static inline void store_rows(const Problem *p, int rows, const int64_t *h, const int64_t *t, int64_t d0,
-                              __m512 acc[][2], const float *inv_sum) {
+                              vf acc[][2], const float *inv_sum) {
     for (int i = 0; i < rows; i++) {
         float *o = p->out + (t[i] * p->H + h[i]) * p->D + d0;
-        _mm512_storeu_ps(o, _mm512_mul_ps(acc[i][0], _mm512_set1_ps(inv_sum[i])));
-        _mm512_storeu_ps(o + 16, _mm512_mul_ps(acc[i][1], _mm512_set1_ps(inv_sum[i])));
+        vf_store(o, vf_mul(acc[i][0], vf_set1(inv_sum[i])));
+        vf_store(o + VL, vf_mul(acc[i][1], vf_set1(inv_sum[i])));
     }
 }
 
@@ -148,20 +140,20 @@ static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t
 }
 #define VALUE_PAIRS 1
 #else
-/* out rows = P . V in fp32, 32 columns of D at a time. */
+/* out rows = P . V in fp32, 2 VL columns of D at a time. */
 static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
                             int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
     (void)pb;  /* the bf16 variant's probability buffer */
     const float *v = p->v + hk * p->kv_h;
-    for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
-        __m512 acc[ROWS][2];
-        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t d0 = 0; d0 < p->D; d0 += 2 * VL) {
+        vf acc[ROWS][2];
+        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = vf_zero();
         for (int64_t j = first; j < len; j++) {
-            __m512 v0 = _mm512_loadu_ps(v + j * p->kv_s + d0), v1 = _mm512_loadu_ps(v + j * p->kv_s + d0 + 16);
+            vf v0 = vf_load(v + j * p->kv_s + d0), v1 = vf_load(v + j * p->kv_s + d0 + VL);
             for (int i = 0; i < rows; i++) {
-                __m512 pij = _mm512_set1_ps(sc[i * p->s_pad + j]);
-                acc[i][0] = _mm512_fmadd_ps(pij, v0, acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(pij, v1, acc[i][1]);
+                vf pij = vf_set1(sc[i * p->s_pad + j]);
+                acc[i][0] = vf_fma(pij, v0, acc[i][0]);
+                acc[i][1] = vf_fma(pij, v1, acc[i][1]);
             }
         }
         store_rows(p, rows, h, t, d0, acc, inv_sum);
@@ -187,6 +179,8 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
     Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, mask ? 0 : window, scale, mask, out, kt, vp};
 #if VALUE_PAIRS
     pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
+#else
+    (void)vp;
 #endif
 #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
     for (int64_t hk = 0; hk < Hkv; hk++)
@@ -204,7 +198,7 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
     /* later query blocks see more keys: dynamic scheduling evens the threads out */
 #pragma omp parallel num_threads(threads)
     {
-        float *sc = per_thread + (int64_t)omp_get_thread_num() * ROWS * s_pad * 3 / 2;
+        float *sc = per_thread + (int64_t)THREAD_ID() * ROWS * s_pad * 3 / 2;
         uint16_t *pb = (uint16_t *)(sc + ROWS * s_pad);  /* bf16 probabilities (AVX512-BF16 path) */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {

@@ -1,7 +1,9 @@
-"""Building and loading the native library: the C sources in this folder, compiled with the
-system compiler (`cc -O3 -march=native -fopenmp`, about a second) into edgellm's cache
-directory, keyed by the sources and the CPU. Machines without a compiler, AVX-512 VNNI or
-torch's AVX-512 INT4 packing get None and keep PyTorch's kernels; EDGELLM_KERNELS=0 too."""
+"""Building and loading the native library: the C sources in this folder, compiled for one ISA
+variant (isa.py) with the system compiler (`cc -O3 -fopenmp`, a few seconds) into edgellm's cache
+directory, keyed by the sources, the variant's flags and the CPU.
+
+Where no compiler works, `library()` is None and the models run their PyTorch layers (one line on
+stderr says so, once); EDGELLM_KERNELS=0 asks for that on purpose."""
 from __future__ import annotations
 
 import ctypes
@@ -9,6 +11,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from contextlib import nullcontext
 from functools import lru_cache
@@ -17,83 +20,135 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("activations.h", "vec_math.h", "int4_pack.h", "layer_ops.h", "int4_gemv.c", "block_gemv.c", "dequant.c", "attention.c",
-           "act.c", "rope.c", "norm.c", "layer_ops.c", "llama_layer.c", "gemma3_layer.c")
+from edgellm.kernels.isa import Variant, selected
+
+SOURCES = ("simd.h", "intdot.h", "int4_layout.h", "layer_types.h", "kv_codec.h", "norm_rope.h", "layer_ops.h", "int4_gemv.c",
+           "block_gemv.c", "dequant.c", "attention.c", "act.c", "rope.c", "norm.c", "layer_ops.c", "llama_layer.c",
+           "gemma3_layer.c")
+COMMON_FLAGS = ["-O3", "-shared", "-fPIC"]
 
 _p, _i, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # exported function -> (return type, argument types); layer functions are typed in decode.py
 _SIGNATURES = {
-    "edgellm_int4_gemv": (None, [_p, _i, _i64, _p, _p, _i64, _i64, _i64, _p, _p, _i]),
-    "edgellm_block_gemv": (None, [_p, _i, _i64, _p, _i, _i64, _p, _p, _i]),
-    "edgellm_blocks_to_bf16": (None, [_p, _i, _i64, _i64, _p, _i]),
-    "edgellm_int4_unpack_bf16": (None, [_p, _p, _i64, _i64, _i64, _i, _i64, _i64, _p, _i]),
+    "edgellm_int4_gemv": (None, [_p, _i, _i64, _p, _p, _i64, _i64, _i64, _p, _i64, _p, _i]),
+    "edgellm_int4_gemv_work": (_i64, [_i, _i64, _i64]),
+    "edgellm_block_gemv": (None, [_p, _i, _i64, _p, _i, _i64, _p, _p, _i64, _p, _i]),
+    "edgellm_block_gemv_work": (_i64, [_i, _i64]),
+    "edgellm_blocks_to_float": (None, [_p, _i, _i64, _i64, _p, _p, _i, _i]),
+    "edgellm_int4_unpack": (None, [_p, _p, _i64, _i64, _i64, _i, _i64, _i64, _p, _i, _i]),
     "edgellm_attention": (None, [_p, _i64, _i64, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _p, _i64, _p,
                                  _p, _i]),
     "edgellm_attention_work": (_i64, [_i64, _i64, _i64, _i]),
     "edgellm_attention_bf16_values": (_i, []),
-    "edgellm_gated_act_bf16": (None, [_p, _i64, _i64, _i, _p, _i]),
+    "edgellm_gated_act": (None, [_p, _i64, _i64, _i, _p, _i, _i]),
     "edgellm_norm_rope": (None, [_p, _i64, _i64, _i64, _i64, _p, _f32, _p, _p, _i]),
-    "edgellm_rms_norm_bf16": (None, [_p, _i64, _i64, _p, _f32, _p, _i]),
-    "edgellm_add_rms_norm": (None, [_p, _p, _i64, _i64, _p, _f32, _p, _i]),
+    "edgellm_rms_norm": (None, [_p, _i64, _i64, _p, _f32, _p, _i, _i]),
+    "edgellm_add_rms_norm": (None, [_p, _p, _i64, _i64, _p, _f32, _p, _i, _i]),
+    "edgellm_kv_encode": (None, [_p, _i64, _i64, _p, _p, _p, _i64]),
+    "edgellm_layer_floats": (_i64, [_p, _i]),
 }
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+class BuildError(OSError):
+    """The C compiler is missing or failed; the message says which."""
 
 
-def _build(sources: dict[str, bytes], target: Path) -> None:
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler")
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+
+
+def _sources() -> dict[str, bytes]:
+    return {name: resources.files("edgellm.kernels").joinpath(name).read_bytes() for name in SOURCES}
+
+
+def _compile(cc: str, units: list[str], flags: list[str], out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([cc, *COMMON_FLAGS, *flags, *units, "-o", str(out), "-lm"], capture_output=True,
+                          text=True, timeout=300)
+
+
+def build(sources: dict[str, bytes], flags: list[str], target: Path) -> None:
+    """Compile `sources` with `flags` into the shared library `target` (atomically). OpenMP when the
+    compiler has it; single-threaded kernels otherwise."""
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (cc, gcc or clang) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        paths = []
         for name, text in sources.items():
-            paths.append(Path(tmp) / name)
-            paths[-1].write_bytes(text)
+            (Path(tmp) / name).write_bytes(text)
+        units = [str(Path(tmp) / n) for n in sources if n.endswith(".c")]
         out = Path(tmp) / target.name
-        units = [str(p) for p in paths if p.suffix == ".c"]
-        subprocess.run([compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *units,
-                        "-o", str(out), "-lm"], check=True, capture_output=True, timeout=120)
-        os.replace(out, target)  # atomic: a concurrent process sees the whole library or none
+        done = _compile(cc, units, [*flags, "-fopenmp"], out)
+        if done.returncode != 0:
+            done = _compile(cc, units, flags, out)
+        if done.returncode != 0:
+            first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
+            raise BuildError(f"{cc} failed: {first}")
+        os.replace(out, target)  # a concurrent process sees the whole library or none
 
 
-@lru_cache(maxsize=1)
-def library() -> ctypes.CDLL | None:
-    """The compiled library (built on first use), or None where it cannot run."""
-    if os.environ.get("EDGELLM_KERNELS", "1") == "0":
-        return None
-    if not {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags():
-        return None
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return None  # torch packs INT4 differently for AVX2: int4_gemv.c's layout would be wrong
+def _cpu_identity() -> bytes:
+    try:
+        return open("/proc/cpuinfo", "rb").read().split(b"\n\n")[0]
+    except OSError:
+        return b""
+
+
+def _flags(variant: Variant) -> list[str]:
+    return variant.compiler_flags() + (["-mtune=native"] if variant.name in ("avx512", "avx2") else [])
+
+
+def library_path(variant: Variant) -> Path:
     from edgellm.registry import cache_dir
 
-    sources = {name: resources.files("edgellm.kernels").joinpath(name).read_bytes() for name in SOURCES}
-    cpu = open("/proc/cpuinfo", "rb").read().split(b"\n\n")[0]
-    key = hashlib.sha256(b"".join(sources.values()) + cpu).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"edgellm_{key}.so"
-    try:
-        if not target.is_file():
-            _build(sources, target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError):
-        return None
+    sources, flags = _sources(), _flags(variant)
+    key = hashlib.sha256(b"".join(sources.values()) + " ".join(flags).encode() + _cpu_identity()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"edgellm_{variant.label}_{key}.so"
+
+
+@lru_cache(maxsize=None)
+def library_for(variant: Variant) -> ctypes.CDLL:
+    """The compiled library of one variant (built on first use); raises BuildError."""
+    target = library_path(variant)
+    if not target.is_file():
+        build(_sources(), _flags(variant), target)
+    lib = ctypes.CDLL(str(target))
     for name, (restype, argtypes) in _SIGNATURES.items():
         function = getattr(lib, name)
         function.restype, function.argtypes = restype, argtypes
     return lib
 
 
+@lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The selected variant's library, or None where it cannot run (then said once on stderr)."""
+    if os.environ.get("EDGELLM_KERNELS", "1") == "0":
+        return None
+    try:
+        return library_for(selected())
+    except (OSError, subprocess.SubprocessError) as e:
+        sys.stderr.write(f"edgellm: native kernels unavailable ({e}); running the slow PyTorch path. "
+                         "Install a C compiler (e.g. `apt install gcc`) for the fast one.\n")
+        return None
+
+
 def available() -> bool:
     return library() is not None
+
+
+def describe() -> str:
+    """What runs here, in a few words: the kernel variant (or why none) and the GEMM dtype."""
+    dtype = "bf16" if compute_dtype() == torch.bfloat16 else "fp32"
+    if available():
+        return f"{selected().label} native kernels, {dtype} prompt GEMMs"
+    why = "EDGELLM_KERNELS=0" if os.environ.get("EDGELLM_KERNELS", "1") == "0" else "no working C compiler"
+    return f"PyTorch layers only ({why}), {dtype} GEMMs"
+
+
+def compute_dtype() -> torch.dtype:
+    """The dtype fast mode multiplies in: bf16 only where the CPU multiplies bf16 natively, since
+    elsewhere PyTorch's bf16 GEMM is ~90x slower than its fp32 one."""
+    return torch.bfloat16 if selected().bf16 else torch.float32
 
 
 def profiled(label: str):

@@ -1,10 +1,10 @@
 """A decode step with one native call per layer (llama_layer.c, gemma3_layer.c) instead of
-~70 eager ops per layer.
+~70 eager ops per layer, for one sequence or a batch of up to MAX_SEQS.
 
-It applies when everything the C layers assume holds: one sequence, one new token, every
-projection on edgellm's INT4 kernel (`Int4Linear.native`), on GGUF blocks in place
-(`BlockLinear`) or dense bf16, the architecture's own MLP activation, and fp16 (the default) or
-fp32 KV stores, dense or Gemma's sliding rings.
+It applies in fast mode when everything the C layers assume holds: one new token per sequence,
+every projection on edgellm's INT4 kernel (`Int4Linear`), on GGUF blocks or INT8 rows in place
+(`BlockLinear`) or dense, the architecture's own MLP activation, and KV stores in f32, f16, int8
+or int4 (kv/codecs.py), dense or Gemma's sliding rings.
 Otherwise `step` returns None and the model runs its PyTorch code — which stays the
 reference: tests/quant/test_decode.py checks that the two agree."""
 from __future__ import annotations
@@ -16,15 +16,16 @@ import torch
 
 from edgellm import kernels
 from edgellm.kv.cache import DenseCache, RingCache
-from edgellm.kv.codecs import FloatCodec
+from edgellm.kv.codecs import FloatCodec, Int4Codec, Int8Codec
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.linear import DenseLinear, Int4Linear
 
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
-
-_WEIGHT_INT4, _WEIGHT_BF16 = -1, -2  # else a ggml block type read in place (layer_ops.h)
+MAX_SEQS = 8  # layer_ops.h
+_WEIGHT_INT4, _WEIGHT_BF16, _WEIGHT_F32 = -1, -2, -3  # else a ggml block type read in place (layer_ops.h)
 _MAX_PARTS = 3
+_KV_F32, _KV_F16, _KV_INT8, _KV_INT4 = 0, 1, 2, 3  # kv_codec.h
 
 
 class _WeightPart(ctypes.Structure):
@@ -36,8 +37,12 @@ class _Projection(ctypes.Structure):
     _fields_ = [("parts", _WeightPart * _MAX_PARTS), ("count", _i64)]
 
 
+class _KVStore(ctypes.Structure):
+    _fields_ = [("q", _p), ("scale", _p), ("min", _p), ("codec", _i64)]
+
+
 class _KVSlots(ctypes.Structure):
-    _fields_ = [("k", _p), ("v", _p), ("capacity", _i64), ("slot_pos", _p), ("half", _i64)]
+    _fields_ = [("k", _KVStore), ("v", _KVStore), ("capacity", _i64), ("slot_pos", _p)]
 
 
 class _LayerDims(ctypes.Structure):
@@ -59,10 +64,11 @@ class _GemmaLayer(ctypes.Structure):
 
 def _weight(linear) -> _Projection:
     if isinstance(linear, BlockLinear):
-        parts = [_WeightPart(t, rows.data_ptr(), None, rows.shape[0], linear.in_features, linear.in_features, 32)
-                 for rows, t in zip(linear.rows, linear.types)]
-    elif isinstance(linear, DenseLinear):  # bf16 (N, K): formats with no INT4 or block kernel
-        parts = [_WeightPart(_WEIGHT_BF16, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
+        parts = [_WeightPart(p.type, p.rows.data_ptr(), None if p.scale is None else p.scale.data_ptr(),
+                             p.rows.shape[0], linear.in_features, linear.in_features, 32) for p in linear.parts]
+    elif isinstance(linear, DenseLinear):  # formats with no INT4 or block kernel, in the compute dtype
+        kind = _WEIGHT_BF16 if linear.compute_dtype == torch.bfloat16 else _WEIGHT_F32
+        parts = [_WeightPart(kind, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
                              linear.in_features, 0)]
     else:
         parts = [_WeightPart(_WEIGHT_INT4, linear.packed.data_ptr(), linear.scale_zero.data_ptr(),
@@ -73,10 +79,10 @@ def _weight(linear) -> _Projection:
 
 def _native(linear) -> bool:
     if isinstance(linear, BlockLinear):
-        return len(linear.types) <= _MAX_PARTS
+        return len(linear.parts) <= _MAX_PARTS
     if isinstance(linear, DenseLinear):
-        return linear.compute_dtype == torch.bfloat16 and linear.in_features % 16 == 0
-    return isinstance(linear, Int4Linear) and linear.native
+        return linear.compute_dtype in (torch.bfloat16, torch.float32) and linear.in_features % 16 == 0
+    return isinstance(linear, Int4Linear)
 
 
 def _linears(block) -> list:
@@ -94,17 +100,17 @@ class FusedDecoder:
         name = "edgellm_gemma3_layer" if self.gemma else "edgellm_llama_layer"
         self.run_layer = getattr(self.lib, name)
         self.run_layer.restype = None
-        self.lib.edgellm_layer_floats.restype = _i64
-        self.buf = torch.empty(self.lib.edgellm_layer_floats(ctypes.byref(self.layers[0].dims)), dtype=torch.float32)
+        self.buf = torch.empty(self.lib.edgellm_layer_floats(ctypes.byref(self.layers[0].dims), MAX_SEQS),
+                               dtype=torch.float32)
         widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
-        self.work = torch.empty(2 * widest + 64, dtype=torch.int32)
+        self.work = torch.empty(self.lib.edgellm_block_gemv_work(MAX_SEQS, widest), dtype=torch.uint8)
         self.max_len = max_len
 
     @classmethod
     def build(cls, net, max_len: int) -> FusedDecoder | None:
         activation = "gelu_tanh" if net.config.architecture == "gemma3" else "silu"
-        if net.config.head_dim % 16:
-            return None  # the attention dot product works in 16-float vectors
+        if getattr(net, "mode", "fast") != "fast" or net.config.head_dim % 32:
+            return None  # exact mode is PyTorch's; RoPE works on half-heads of 16-float vectors
         for block in net.blocks:
             if not all(_native(m) for m in _linears(block)):
                 return None
@@ -128,60 +134,80 @@ class FusedDecoder:
                            bias.data_ptr() if bias is not None else None, *weights)
 
     def step(self, tokens: torch.Tensor, caches) -> torch.Tensor | None:
-        """Logits (1, 1, V) for one token of one sequence, or None if the caches do not fit."""
-        layers = getattr(caches, "layers", None)
-        if tokens.shape != (1, 1) or not layers or not all(_plain_float(c) for c in layers):
+        """Logits (B, 1, V) for one token of each of B sequences, or None if the caches do not fit."""
+        per_seq = _sequence_layers(caches)
+        if per_seq is None or tokens.shape != (len(per_seq), 1) or len(per_seq) > MAX_SEQS:
             return None
-        pos = layers[0].offset
-        if pos >= self.max_len or any(c.offset != pos for c in layers):
+        if not all(all(_native_cache(c) for c in layers) for layers in per_seq):
             return None
-        ropes = self._ropes(caches.positions(1))
-        x = self.net.embed(tokens).reshape(-1).float()
+        pos = [layers[0].offset for layers in per_seq]
+        if any(p >= self.max_len or any(c.offset != p for c in layers) for p, layers in zip(pos, per_seq)):
+            return None
+        m = len(per_seq)
+        ropes = self._ropes(torch.tensor(pos))
+        x = self.net.embed(tokens).reshape(m, -1).float()
         if self.gemma:
             x = x * math.sqrt(self.net.config.hidden_size)
         x = x.contiguous()
+        positions = (_i64 * m)(*pos)
         threads, buf, work = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
-        for desc, block, cache in zip(self.layers, self.net.blocks, layers):
+        for i, (desc, block) in enumerate(zip(self.layers, self.net.blocks)):
             cos, sin = ropes[getattr(block, "sliding", False)]
-            slots = _slots(cache, pos)
+            slots = (_KVSlots * m)(*(_slots(layers[i], p) for layers, p in zip(per_seq, pos)))
             with kernels.profiled("edgellm::decode_layer"):
-                self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), _p(cos.data_ptr()), _p(sin.data_ptr()),
-                               ctypes.byref(slots), _i64(pos), buf, work, ctypes.c_int(threads))
-            cache.offset = pos + 1
-        return self.net.lm_head(self.net.norm(x.view(1, 1, -1))).float()
+                self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), ctypes.c_int(m), _p(cos.data_ptr()),
+                               _p(sin.data_ptr()), slots, positions, buf, work, ctypes.c_int(threads))
+            for layers, p in zip(per_seq, pos):
+                layers[i].offset = p + 1
+        return self.net.lm_head(self.net.norm(x.view(m, 1, -1))).float()
 
     def _ropes(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
-        """(cos, sin) of this position, keyed by 'sliding layer?' (Gemma's two RoPE bases)."""
-        flat = lambda pair: tuple(t.reshape(-1).contiguous() for t in pair)  # noqa: E731
+        """(cos, sin) (B, D) of each sequence's position, keyed by 'sliding layer?' (Gemma's two RoPE bases)."""
+        rows = lambda pair: tuple(t.reshape(positions.shape[0], -1).contiguous() for t in pair)  # noqa: E731
         if self.gemma:
-            return {True: flat(self.net.rotary_local(positions)), False: flat(self.net.rotary_global(positions))}
-        both = flat(self.net.rotary(positions))
+            return {True: rows(self.net.rotary_local(positions)), False: rows(self.net.rotary_global(positions))}
+        both = rows(self.net.rotary(positions))
         return {False: both, True: both}
 
 
+def _sequence_layers(caches) -> list[list] | None:
+    """Each sequence's per-layer caches: one SequenceKV, or the sequences of a BatchKV."""
+    per_seq = [getattr(s, "layers", None) for s in getattr(caches, "sequences", [caches])]
+    return per_seq if all(per_seq) else None
+
+
+def _store(store) -> _KVStore:
+    """A TokenStore's parts (kv/store.py) as kv_codec.h's KVStore."""
+    parts = store.parts
+    main = parts["x"] if "x" in parts else parts["q"]
+    scale, low = parts.get("scale"), parts.get("min")
+    return _KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
+                    None if low is None else low.data_ptr(), _codec_code(store.codec))
+
+
 def _slots(cache, pos: int) -> _KVSlots:
-    half = int(cache.k.codec.dtype == torch.float16)
     if isinstance(cache, RingCache):
-        return _KVSlots(cache.k.parts["x"].data_ptr(), cache.v.parts["x"].data_ptr(), cache.window,
-                        cache.positions.data_ptr(), half)
+        return _KVSlots(_store(cache.k), _store(cache.v), cache.window, cache.positions.data_ptr())
     cache.reserve(pos + 1)  # already done by SequenceKV.prepare; not by callers passing bare caches
-    k = cache.k.parts["x"]
-    return _KVSlots(k.data_ptr(), cache.v.parts["x"].data_ptr(), k.shape[2], None, half)
+    return _KVSlots(_store(cache.k), _store(cache.v), cache.k.capacity, None)
 
 
-_NATIVE_KV = (torch.float32, torch.float16)  # what layer_ops.h's KVSlots can hold
+def _codec_code(codec) -> int | None:
+    if isinstance(codec, FloatCodec):
+        return {torch.float32: _KV_F32, torch.float16: _KV_F16}.get(codec.dtype)
+    if isinstance(codec, Int8Codec):
+        return _KV_INT8
+    return _KV_INT4 if isinstance(codec, Int4Codec) else None
 
 
-def _plain_float(cache) -> bool:
-    if type(cache) not in (DenseCache, RingCache) or cache.k.batch != 1:
-        return False
-    k, v = cache.k.codec, cache.v.codec
-    return isinstance(k, FloatCodec) and isinstance(v, FloatCodec) and k.dtype == v.dtype and k.dtype in _NATIVE_KV
+def _native_cache(cache) -> bool:
+    return (type(cache) in (DenseCache, RingCache) and cache.k.batch == 1 and _codec_code(cache.k.codec) is not None
+            and _codec_code(cache.v.codec) is not None)
 
 
 def fused_step(net, tokens: torch.Tensor, caches) -> torch.Tensor | None:
     """The native decode step for `net` if it applies (decoder built once per model)."""
-    if tokens.shape != (1, 1):
+    if tokens.dim() != 2 or tokens.shape[1] != 1:
         return None
     if "_fused" not in net.__dict__:
         net.__dict__["_fused"] = FusedDecoder.build(net, net.config.context_length)

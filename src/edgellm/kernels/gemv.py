@@ -1,13 +1,18 @@
-"""Decode-sized products (a few activation rows) in native code: int4_gemv.c on torch's packed
-INT4 bytes, block_gemv.c on a GGUF file's Q8_0 / Q5_0 / Q6_K blocks in place."""
+"""Decode-sized products (up to MAX_ROWS activation rows) in native code: int4_gemv.c on edgellm's
+INT4 layout (quant/int4_pack.py), block_gemv.c on a GGUF file's Q8_0 / Q5_0 / Q5_K / Q6_K blocks
+in place and on edgellm's INT8 rows. `lib` picks a variant's library (tests); the selected one by
+default."""
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
 from edgellm.kernels.build import library, profiled
 
-MAX_ROWS = 4  # activation rows per call (decode steps of up to 4 sequences)
-BLOCK_TYPES = (6, 8, 14)  # ggml Q5_0, Q8_0, Q6_K: what block_gemv.c reads
+MAX_ROWS = 8  # activation rows per call (decode steps of up to 8 sequences)
+BLOCK_TYPES = (6, 8, 13, 14, 24)  # ggml Q5_0, Q8_0, Q5_K, Q6_K, I8 (edgellm's INT8 rows): what block_gemv.c reads
+I8 = 24
 
 
 def check_block_type(ggml_type: int) -> None:
@@ -16,31 +21,45 @@ def check_block_type(ggml_type: int) -> None:
 
 
 def supports(n: int, k: int, group: int) -> bool:
-    """Shapes the kernel takes: whole 64-row blocks, even groups that tile K."""
-    return n % 64 == 0 and group % 2 == 0 and k % group == 0
+    """Shapes the INT4 kernels take: whole 64-row blocks, groups of 4 k's that tile K."""
+    return n % 64 == 0 and group % 4 == 0 and k % group == 0
 
 
-def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int) -> torch.Tensor:
-    """y (M, N) fp32 = x (M, K) @ W^T for W (N, planes * K) in torch's packed INT4 layout."""
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] > MAX_ROWS:
+        raise ValueError(f"at most {MAX_ROWS} activation rows per call, got {x.shape[0]}")
+    return x.float().contiguous()
+
+
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int,
+              lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """y (M, N) fp32 = x (M, K) @ W^T for W (N, planes * K) in the I4R64 layout, M <= MAX_ROWS."""
+    lib = lib or library()
+    x = _rows(x)
     m, ka = x.shape
     n, kw = packed.shape[0], packed.shape[1] * 2
-    x = x.float().contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
-    work = torch.empty(m * (ka // 2) + 2 * m * (ka // group), dtype=torch.int32)
+    work = torch.empty(lib.edgellm_int4_gemv_work(m, ka, group), dtype=torch.uint8)
     with profiled("edgellm::int4_gemv"):
-        library().edgellm_int4_gemv(x.data_ptr(), m, ka, packed.data_ptr(), scale_zero.data_ptr(), n, kw, group,
-                                     y.data_ptr(), work.data_ptr(), torch.get_num_threads())
+        lib.edgellm_int4_gemv(x.data_ptr(), m, ka, packed.data_ptr(), scale_zero.data_ptr(), n, kw, group,
+                              y.data_ptr(), n, work.data_ptr(), torch.get_num_threads())
     return y
 
 
-def block_gemv(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
-    """y (M, N) fp32 = x (M, K) @ W^T for W given as N rows of GGUF Q8_0, Q5_0 or Q6_K blocks (uint8)."""
+def block_gemv(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, k: int, row_scale: torch.Tensor | None = None,
+               lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """y (M, N) fp32 = x (M, K) @ W^T for W given as N rows of GGUF blocks (uint8), M <= MAX_ROWS;
+    edgellm's INT8 rows (type I8) with their bf16 `row_scale` (N,)."""
     check_block_type(ggml_type)
+    if (ggml_type == I8) != (row_scale is not None):
+        raise ValueError("row_scale goes with INT8 rows (type I8), and only with them")
+    lib = lib or library()
+    x = _rows(x)
     m, n = x.shape[0], rows.shape[0]
-    x = x.float().contiguous()
     y = torch.empty(m, n, dtype=torch.float32)
-    work = torch.empty(m * (k // 2) + 2 * m * (k // 32), dtype=torch.int32)
+    work = torch.empty(lib.edgellm_block_gemv_work(m, k), dtype=torch.uint8)
     with profiled("edgellm::block_gemv"):
-        library().edgellm_block_gemv(x.data_ptr(), m, k, rows.data_ptr(), ggml_type, n, y.data_ptr(),
-                                      work.data_ptr(), torch.get_num_threads())
+        lib.edgellm_block_gemv(x.data_ptr(), m, k, rows.data_ptr(), ggml_type, n,
+                               None if row_scale is None else row_scale.data_ptr(), y.data_ptr(), n, work.data_ptr(),
+                               torch.get_num_threads())
     return y

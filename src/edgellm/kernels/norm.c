@@ -1,51 +1,38 @@
 /* RMSNorm for a prompt's rows, fused with what surrounds it, in one pass each:
-     pre-norm:   n = bf16(x / rms(x) * w)      the next linear's input, which takes bf16 anyway
-     post-norm:  out = x + y / rms(y) * w       Gemma 3's normed residual add, y the sublayer's bf16 output
+     pre-norm:   n = x / rms(x) * w          in the compute dtype, the next linear's input
+     post-norm:  out = x + y / rms(y) * w    Gemma 3's normed residual add, y the sublayer's output
    PyTorch spends ~5 ops on the norm plus a cast or an add, each a pass over the rows. */
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
+#include "simd.h"
 
-#include "vec_math.h"
-
-static inline __m512 inv_rms(float sum_sq, int64_t d, float eps) {
-    return _mm512_set1_ps(1.f / sqrtf(sum_sq / (float)d + eps));
+static inline float inv_rms(const void *x, int64_t at, int64_t d, float eps, int dtype) {
+    vf ss = vf_zero();
+    for (int64_t i = 0; i < d; i += VL) {
+        vf v = vf_load_as(x, at + i, dtype);
+        ss = vf_fma(v, v, ss);
+    }
+    return 1.f / sqrtf(vf_sum(ss) / (float)d + eps);
 }
 
-/* out (rows, d) bf16 = RMSNorm(x) * w for x (rows, d) fp32; d % 16 == 0. */
-void edgellm_rms_norm_bf16(const float *x, int64_t rows, int64_t d, const float *w, float eps, uint16_t *out,
-                           int threads) {
+/* out (rows, d) = RMSNorm(x) * w for x (rows, d) fp32, out in `dtype`; d % 16 == 0. */
+void edgellm_rms_norm(const float *x, int64_t rows, int64_t d, const float *w, float eps, void *out, int dtype,
+                      int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * d;
-        __m512 ss = _mm512_setzero_ps();
-        for (int64_t i = 0; i < d; i += 16) {
-            __m512 v = _mm512_loadu_ps(xr + i);
-            ss = _mm512_fmadd_ps(v, v, ss);
-        }
-        __m512 scale = inv_rms(_mm512_reduce_add_ps(ss), d, eps);
-        for (int64_t i = 0; i < d; i += 16) {
-            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), scale), _mm512_loadu_ps(w + i));
-            _mm256_storeu_si256((__m256i *)(out + r * d + i), ps_to_bf16(v));
-        }
+        vf scale = vf_set1(inv_rms(x, r * d, d, eps, DTYPE_F32));
+        for (int64_t i = 0; i < d; i += VL)
+            vf_store_as(out, r * d + i, vf_mul(vf_mul(vf_load(x + r * d + i), scale), vf_load(w + i)), dtype);
     }
 }
 
-/* out (rows, d) fp32 = x + RMSNorm(y) * w for x fp32 and y bf16, both (rows, d); d % 16 == 0. */
-void edgellm_add_rms_norm(const float *x, const uint16_t *y, int64_t rows, int64_t d, const float *w, float eps,
-                          float *out, int threads) {
+/* out (rows, d) fp32 = x + RMSNorm(y) * w for x fp32 and y in `dtype`, both (rows, d); d % 16 == 0. */
+void edgellm_add_rms_norm(const float *x, const void *y, int64_t rows, int64_t d, const float *w, float eps,
+                          float *out, int dtype, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *yr = y + r * d;
-        __m512 ss = _mm512_setzero_ps();
-        for (int64_t i = 0; i < d; i += 16) {
-            __m512 v = bf16_to_ps(_mm256_loadu_si256((const __m256i *)(yr + i)));
-            ss = _mm512_fmadd_ps(v, v, ss);
-        }
-        __m512 scale = inv_rms(_mm512_reduce_add_ps(ss), d, eps);
-        for (int64_t i = 0; i < d; i += 16) {
-            __m512 v = _mm512_mul_ps(bf16_to_ps(_mm256_loadu_si256((const __m256i *)(yr + i))), scale);
-            _mm512_storeu_ps(out + r * d + i, _mm512_fmadd_ps(v, _mm512_loadu_ps(w + i), _mm512_loadu_ps(x + r * d + i)));
+        vf scale = vf_set1(inv_rms(y, r * d, d, eps, dtype));
+        for (int64_t i = 0; i < d; i += VL) {
+            vf v = vf_mul(vf_load_as(y, r * d + i, dtype), scale);
+            vf_store(out + r * d + i, vf_fma(v, vf_load(w + i), vf_load(x + r * d + i)));
         }
     }
 }

@@ -1,56 +1,78 @@
-"""Prompt-sized work in native code: weights unpacked to a bf16 scratch for the GEMM (dequant.c,
-block_gemv.c), chunk attention (attention.c), the gated MLP's middle (act.c), per-head norm and
-RoPE (rope.c), RMSNorm fused with its cast or residual add (norm.c)."""
+"""Prompt-sized work in native code: weights unpacked to a float scratch for PyTorch's GEMM in the
+compute dtype (dequant.c, block_gemv.c), chunk attention (attention.c), the gated MLP's middle
+(act.c), per-head norm and RoPE (rope.c), RMSNorm fused with its cast or residual add (norm.c).
+
+The compute dtype is bf16 only where the CPU multiplies bf16 natively (build.compute_dtype); the
+kernels read and write whichever it is. `lib` picks a variant's library (tests)."""
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import torch
 
-from edgellm.kernels.build import available, library, profiled
-from edgellm.kernels.gemv import MAX_ROWS, check_block_type
+from edgellm.kernels.build import available, compute_dtype, library, profiled
+from edgellm.kernels.gemv import I8, MAX_ROWS, check_block_type
 
 _scratch = threading.local()
-SCRATCH_ROWS = 8192  # weights are unpacked at most this many output rows at a time (10 MB at K = 640)
+SCRATCH_ROWS = 8192  # weights are unpacked at most this many output rows at a time (10 MB at K = 640, bf16)
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # simd.h's DTYPE_F32, DTYPE_BF16
 
 
-def scratch_bf16(numel: int) -> torch.Tensor:
-    """This thread's reused bf16 buffer for one layer's dequantized weight."""
-    buffer = getattr(_scratch, "buffer", None)
+def _code(dtype: torch.dtype) -> int:
+    if dtype not in _DTYPE_CODES:
+        raise ValueError(f"native kernels read and write fp32 or bf16, not {dtype}")
+    return _DTYPE_CODES[dtype]
+
+
+def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's reused buffer for one layer's dequantized weight."""
+    buffers = _scratch.__dict__.setdefault("buffers", {})
+    buffer = buffers.get(dtype)
     if buffer is None or buffer.numel() < numel:
-        buffer = _scratch.buffer = torch.empty(numel, dtype=torch.bfloat16)
+        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
     return buffer[:numel]
 
 
-def int4_unpack_bf16(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int,
-                     rows: tuple[int, int] | None = None) -> torch.Tensor:
-    """Wt (K, n) bf16: rows [start, end) (all by default; multiples of 64) of the dequantized weight
-    of a packed (N, planes * K) INT4 layer, transposed.
+def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, planes: int,
+                rows: tuple[int, int] | None = None, dtype: torch.dtype | None = None,
+                lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Wt (K, n): rows [start, end) (all by default; multiples of 64) of the dequantized weight
+    of an (N, planes * K) I4R64 layer, transposed, in `dtype` (the compute dtype by default).
 
     The result is a view of a per-thread scratch buffer, valid until this thread's next call:
-    the model never holds more than one weight chunk in bf16."""
+    the model never holds more than one weight chunk in float."""
+    dtype, lib = dtype or compute_dtype(), lib or library()
     n, kw = packed.shape[0], packed.shape[1] * 2
     ka = kw // planes
     start, end = rows or (0, n)
     if start % 64 or end % 64 or not 0 <= start < end <= n:
         raise ValueError(f"rows [{start}, {end}) must be whole 64-row blocks of {n}")
-    wt = scratch_bf16((end - start) * ka).view(ka, end - start)
-    with profiled("edgellm::int4_unpack_bf16"):
-        library().edgellm_int4_unpack_bf16(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes, start,
-                                           end - start, wt.data_ptr(), torch.get_num_threads())
+    wt = scratch((end - start) * ka, dtype).view(ka, end - start)
+    with profiled("edgellm::int4_unpack"):
+        lib.edgellm_int4_unpack(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes, start, end - start,
+                                wt.data_ptr(), _code(dtype), torch.get_num_threads())
     return wt
 
 
-def blocks_to_bf16(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """W (N, K) bf16 from N rows of GGUF Q8_0 / Q5_0 / Q6_K blocks, into `out` or else this thread's
-    scratch (valid until its next use)."""
+def blocks_to_float(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tensor | None = None,
+                    dtype: torch.dtype | None = None, row_scale: torch.Tensor | None = None,
+                    lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """W (N, K) from N rows of GGUF Q8_0 / Q5_0 / Q5_K / Q6_K blocks (or INT8 rows with their bf16
+    `row_scale`), into `out` or else this thread's scratch (valid until its next use), in out's
+    dtype or `dtype` (the compute dtype by default)."""
     check_block_type(ggml_type)
+    if (ggml_type == I8) != (row_scale is not None):
+        raise ValueError("row_scale goes with INT8 rows (type I8), and only with them")
+    lib = lib or library()
     n, rows = rows.shape[0], rows.contiguous()
-    w = out if out is not None else scratch_bf16(n * k).view(n, k)
-    if w.shape != (n, k) or w.dtype != torch.bfloat16 or not w.is_contiguous():
-        raise ValueError(f"out must be a contiguous ({n}, {k}) bf16 tensor")
-    with profiled("edgellm::blocks_to_bf16"):
-        library().edgellm_blocks_to_bf16(rows.data_ptr(), ggml_type, n, k, w.data_ptr(), torch.get_num_threads())
+    dtype = out.dtype if out is not None else (dtype or compute_dtype())
+    w = out if out is not None else scratch(n * k, dtype).view(n, k)
+    if w.shape != (n, k) or not w.is_contiguous():
+        raise ValueError(f"out must be a contiguous ({n}, {k}) tensor")
+    with profiled("edgellm::blocks_to_float"):
+        lib.edgellm_blocks_to_float(rows.data_ptr(), ggml_type, n, k, None if row_scale is None else row_scale.data_ptr(),
+                                    w.data_ptr(), _code(dtype), torch.get_num_threads())
     return w
 
 
@@ -61,13 +83,13 @@ def attention_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
             and q.stride(3) == k.stride(3) == 1)
 
 
-def attention_bf16_values() -> bool:
+def attention_bf16_values(lib: ctypes.CDLL | None = None) -> bool:
     """Whether `attention` multiplies probabilities by V in bf16 (CPUs with AVX512-BF16)."""
-    return bool(library().edgellm_attention_bf16_values())
+    return bool((lib or library()).edgellm_attention_bf16_values())
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None,
-              window: int = 0) -> torch.Tensor:
+              window: int = 0, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), as (1, H, T, D) fp32.
 
     Scores and softmax in fp32; P·V in bf16 where the CPU has AVX512-BF16 (see attention.c).
@@ -85,7 +107,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, m
         k, v = k.contiguous(), v.contiguous()
     out = torch.empty(1, t, h, d, dtype=torch.float32)
     threads = torch.get_num_threads()
-    lib = library()
+    lib = lib or library()
     work = torch.empty(lib.edgellm_attention_work(s, hkv, d, threads), dtype=torch.float32)
     mask_bytes = None if mask is None else mask.contiguous().view(torch.uint8)  # kept alive for the call
     mask_ptr = None if mask_bytes is None else mask_bytes.data_ptr()
@@ -102,18 +124,19 @@ GATED_ACT_MIN_ROWS = 2  # one row (a decode step off the native layer) is cheape
 
 def gated_act_supports(gate_up: torch.Tensor) -> bool:
     rows = gate_up.numel() // gate_up.shape[-1]
-    return available() and gate_up.shape[-1] % 32 == 0 and rows >= GATED_ACT_MIN_ROWS
+    return (available() and gate_up.dtype in _DTYPE_CODES and gate_up.shape[-1] % 32 == 0
+            and rows >= GATED_ACT_MIN_ROWS)
 
 
-def gated_act(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """act(gate) * up for a fused (..., 2I) bf16 gate|up, as (..., I) bf16."""
+def gated_act(gate_up: torch.Tensor, activation: str, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """act(gate) * up for a fused (..., 2I) gate|up, as (..., I) in its dtype (bf16 or fp32)."""
     inter = gate_up.shape[-1] // 2
     gate_up = gate_up.contiguous()
     rows = gate_up.numel() // gate_up.shape[-1]
-    out = torch.empty(*gate_up.shape[:-1], inter, dtype=torch.bfloat16)
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype)
     with profiled("edgellm::gated_act"):
-        library().edgellm_gated_act_bf16(gate_up.data_ptr(), rows, inter, _ACT_CODES[activation], out.data_ptr(),
-                                          torch.get_num_threads())
+        (lib or library()).edgellm_gated_act(gate_up.data_ptr(), rows, inter, _ACT_CODES[activation], out.data_ptr(),
+                                             _code(gate_up.dtype), torch.get_num_threads())
     return out
 
 
@@ -126,12 +149,13 @@ def norm_rope_supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 
 def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None = None,
-              eps: float = 0.0) -> torch.Tensor:
+              eps: float = 0.0, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """In place on x (1, T, H, D): RMSNorm per head (when weight is given), then rotate-half RoPE."""
     _, t, h, d = x.shape
     with profiled("edgellm::norm_rope"):
-        library().edgellm_norm_rope(x.data_ptr(), t, h, d, x.stride(1), None if weight is None else weight.data_ptr(),
-                                     eps, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
+        (lib or library()).edgellm_norm_rope(x.data_ptr(), t, h, d, x.stride(1),
+                                             None if weight is None else weight.data_ptr(), eps, cos.data_ptr(),
+                                             sin.data_ptr(), torch.get_num_threads())
     return x
 
 
@@ -144,26 +168,30 @@ def rms_norm_supports(x: torch.Tensor) -> bool:
             and rows >= NORM_MIN_ROWS)
 
 
-def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """bf16(RMSNorm(x) · w) for x (..., D) fp32: a linear's input in one pass."""
-    d = x.shape[-1]
-    out = torch.empty(x.shape, dtype=torch.bfloat16)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """RMSNorm(x) · w for x (..., D) fp32, in `dtype` (the compute dtype by default): a linear's input
+    in one pass."""
+    d, dtype = x.shape[-1], dtype or compute_dtype()
+    out = torch.empty(x.shape, dtype=dtype)
     with profiled("edgellm::rms_norm"):
-        library().edgellm_rms_norm_bf16(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
-                                        torch.get_num_threads())
+        (lib or library()).edgellm_rms_norm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
+                                            _code(dtype), torch.get_num_threads())
     return out
 
 
 def add_rms_norm_supports(residual: torch.Tensor, y: torch.Tensor) -> bool:
-    return (rms_norm_supports(residual) and y.dtype == torch.bfloat16 and y.is_contiguous()
+    return (rms_norm_supports(residual) and y.dtype in _DTYPE_CODES and y.is_contiguous()
             and y.shape == residual.shape)
 
 
-def add_rms_norm(residual: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """residual + RMSNorm(y) · w for residual (..., D) fp32 and y (..., D) bf16, as a new fp32 tensor."""
+def add_rms_norm(residual: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
+                 lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """residual + RMSNorm(y) · w for residual (..., D) fp32 and y (..., D) bf16 or fp32, as a new fp32 tensor."""
     d = residual.shape[-1]
     out = torch.empty(residual.shape, dtype=torch.float32)
     with profiled("edgellm::add_rms_norm"):
-        library().edgellm_add_rms_norm(residual.data_ptr(), y.data_ptr(), residual.numel() // d, d, weight.data_ptr(),
-                                       eps, out.data_ptr(), torch.get_num_threads())
+        (lib or library()).edgellm_add_rms_norm(residual.data_ptr(), y.data_ptr(), residual.numel() // d, d,
+                                                weight.data_ptr(), eps, out.data_ptr(), _code(y.dtype),
+                                                torch.get_num_threads())
     return out

@@ -15,7 +15,8 @@ class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x²) + eps) · w, in fp32 (the residual stream's dtype) whatever x's.
 
     With `native` (fast mode), prompt-sized inputs take kernels/norm.c: `for_linear` hands the
-    next linear its bf16 input directly, `add_to` is a normed residual add in one pass."""
+    next linear its input in the compute dtype directly, `add_to` is a normed residual add in one
+    pass."""
 
     def __init__(self, weight: torch.Tensor, eps: float, native: bool = False):
         super().__init__()
@@ -27,9 +28,10 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), self.shape, self.weight, self.eps)
 
     def for_linear(self, x: torch.Tensor) -> torch.Tensor:
-        """Norm(x) as a linear's input: bf16 for a prompt in fast mode (the linear casts to it anyway)."""
+        """Norm(x) as a linear's input: the compute dtype for a prompt in fast mode (the linear casts
+        to it anyway)."""
         if self.native and kernels.rms_norm_supports(x):
-            return kernels.rms_norm_bf16(x, self.weight, self.eps)
+            return kernels.rms_norm(x, self.weight, self.eps)
         return self(x)
 
     def add_to(self, residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -119,7 +121,7 @@ ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 class GatedMLP(nn.Module):
     """down(act(gate(x)) ⊙ up(x)), gate and up fused into one matmul at load time.
 
-    `activation` names one of ACTIVATIONS; a prompt's bf16 gate|up (fast mode) goes through
+    `activation` names one of ACTIVATIONS; a prompt's gate|up in fast mode goes through
     kernels/act.c in one pass instead of three ops."""
 
     def __init__(self, w, prefix: str, activation: str):
@@ -128,10 +130,11 @@ class GatedMLP(nn.Module):
         self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
         self.activation = activation
         self._act = ACTIVATIONS[activation]
+        self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if gate_up.dtype == torch.bfloat16 and kernels.gated_act_supports(gate_up):
+        if self.native and kernels.gated_act_supports(gate_up):
             return self.down_proj(kernels.gated_act(gate_up, self.activation))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self._act(gate) * up)

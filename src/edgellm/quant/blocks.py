@@ -1,15 +1,16 @@
-"""Linears multiplied in place on a GGUF file's own Q8_0 / Q5_0 / Q6_K blocks: no converted copy.
+"""Linears multiplied in place on a GGUF file's own Q8_0 / Q5_0 / Q5_K / Q6_K blocks (no converted
+copy), and on edgellm's INT8 rows (a quantized file's int8 weights, one bf16 scale per row).
 
-Decode-sized inputs (up to kernels.MAX_ROWS rows) go to the native VNNI kernel
+Decode-sized inputs (up to kernels.MAX_ROWS rows) go to the native block GEMV
 (kernels.block_gemv, one call per fused part); larger ones (prompts, teacher-forced
-evaluation) dequantize up to kernels.SCRATCH_ROWS rows at a time into a bf16 scratch and run the
-bf16 GEMM. Used for the tied embedding / output head of both models (Gemma 3: 262k x 640,
-read by the embedding lookup from the same bytes) and for Gemma 3's Q5_0 / Q8_0 / Q6_K
-projections, which as two INT4 planes read 10 bits per weight instead of 5.5 or 8.5, and as
+evaluation) dequantize up to kernels.SCRATCH_ROWS rows at a time into a scratch of the compute
+dtype and run PyTorch's GEMM. Used for the tied embedding / output head of both models (Gemma 3:
+262k x 640, read by the embedding lookup from the same bytes) and for Gemma 3's Q5_0 / Q8_0 / Q6_K
+projections, which as two INT4 planes would read 10 bits per weight instead of 5.5 or 8.5, and as
 bf16 (Q6_K) 16 instead of 6.6."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,62 +19,87 @@ from torch import nn
 from edgellm import kernels
 from edgellm.quant.ggml import GGMLType
 
-# ggml type -> (weights, bytes) per block
-BLOCKS = {GGMLType.Q8_0: (32, 34), GGMLType.Q5_0: (32, 22), GGMLType.Q6_K: (256, 210)}
+# ggml type -> (weights, bytes) per block; I8 is edgellm's INT8 rows (scales kept apart)
+BLOCKS = {GGMLType.Q8_0: (32, 34), GGMLType.Q5_0: (32, 22), GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
+          GGMLType.I8: (32, 32)}
+
+
+class BlockPart(NamedTuple):
+    rows: torch.Tensor  # (N, row bytes) uint8: views of the file
+    type: int  # ggml type number
+    scale: torch.Tensor | None  # I8 only: (N,) bf16 per-row scales
 
 
 class BlockLinear(nn.Module):
-    """y = x @ W^T, W the stacked parts (raw blocks, ggml type, (N, K)) sharing K."""
+    """y = x @ W^T, W the stacked parts sharing K: GGUF (raw blocks, ggml type, (N, K)) weights."""
 
     def __init__(self, parts: Sequence[tuple[torch.Tensor, int, tuple[int, int]]]):
         super().__init__()
-        self.in_features = parts[0][2][1]
-        self.types = [int(t) for _, t, _ in parts]
-        self.out_splits = [n for _, _, (n, _) in parts]
+        k = parts[0][2][1]
+        self._set_parts(k, [BlockPart(raw.view(n, k // BLOCKS[t][0] * BLOCKS[t][1]), int(t), None)
+                            for raw, t, (n, _) in parts])
+
+    @classmethod
+    def from_int8(cls, weights: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> BlockLinear:
+        """From (q int8 (N, K), scale (N,)) pairs of edgellm's INT8 scheme, stacked."""
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        k = weights[0][0].shape[1]
+        out._set_parts(k, [BlockPart(q.contiguous().view(torch.uint8), int(GGMLType.I8),
+                                     scale.to(torch.bfloat16).contiguous()) for q, scale in weights])
+        return out
+
+    def _set_parts(self, k: int, parts: list[BlockPart]) -> None:
+        self.in_features, self.parts = k, parts
+        self.out_splits = [p.rows.shape[0] for p in parts]
         self.out_features = sum(self.out_splits)
-        row_bytes = [self.in_features // BLOCKS[t][0] * BLOCKS[t][1] for t in self.types]
-        self.rows = [raw.view(n, b) for (raw, _, (n, _)), b in zip(parts, row_bytes)]  # views of the file
+
+    @property
+    def types(self) -> list[int]:
+        return [p.type for p in self.parts]
 
     @staticmethod
     def supports(ggml_type: int, shape: tuple[int, ...]) -> bool:
-        return (ggml_type in BLOCKS and len(shape) == 2 and shape[1] % BLOCKS[ggml_type][0] == 0
-                and kernels.available())
+        return (ggml_type in BLOCKS and ggml_type != GGMLType.I8 and len(shape) == 2
+                and shape[1] % BLOCKS[ggml_type][0] == 0 and kernels.available())
 
     @property
     def nbytes(self) -> int:
-        return sum(r.numel() for r in self.rows)
+        return sum(p.rows.numel() + (0 if p.scale is None else 2 * p.scale.numel()) for p in self.parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.shape[0] <= kernels.MAX_ROWS:
-            outs = [kernels.block_gemv(x2, rows, t, self.in_features) for rows, t in zip(self.rows, self.types)]
+            outs = [kernels.block_gemv(x2, p.rows, p.type, self.in_features, p.scale) for p in self.parts]
         else:
-            xb = x2.to(torch.bfloat16)
-            outs = [F.linear(xb, self._dequantized(chunk)) for chunk in self._chunks()]
+            xc = x2.to(kernels.compute_dtype())
+            outs = [F.linear(xc, self._dequantized(chunk)) for chunk in self._chunks()]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.reshape(*lead, self.out_features)
 
-    def _chunks(self) -> list[list[tuple[torch.Tensor, int]]]:
+    def _chunks(self) -> list[list[BlockPart]]:
         """The parts' rows in order, cut into chunks of at most kernels.SCRATCH_ROWS: one GEMM each."""
         chunks, current, size = [], [], 0
-        for rows, t in zip(self.rows, self.types):
-            for start in range(0, rows.shape[0], kernels.SCRATCH_ROWS):
-                piece = rows[start:start + kernels.SCRATCH_ROWS]
-                if size + piece.shape[0] > kernels.SCRATCH_ROWS and current:
+        for part in self.parts:
+            for start in range(0, part.rows.shape[0], kernels.SCRATCH_ROWS):
+                piece = BlockPart(part.rows[start:start + kernels.SCRATCH_ROWS], part.type,
+                                  None if part.scale is None else part.scale[start:start + kernels.SCRATCH_ROWS])
+                if size + piece.rows.shape[0] > kernels.SCRATCH_ROWS and current:
                     chunks.append(current)
                     current, size = [], 0
-                current.append((piece, t))
-                size += piece.shape[0]
+                current.append(piece)
+                size += piece.rows.shape[0]
         return chunks + [current]
 
-    def _dequantized(self, chunk: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
-        n = sum(piece.shape[0] for piece, _ in chunk)
-        w = kernels.scratch_bf16(n * self.in_features).view(n, self.in_features)
+    def _dequantized(self, chunk: list[BlockPart]) -> torch.Tensor:
+        n = sum(piece.rows.shape[0] for piece in chunk)
+        w = kernels.scratch(n * self.in_features, kernels.compute_dtype()).view(n, self.in_features)
         row = 0
-        for piece, t in chunk:
-            kernels.blocks_to_bf16(piece, t, self.in_features, out=w[row:row + piece.shape[0]])
-            row += piece.shape[0]
+        for piece in chunk:
+            end = row + piece.rows.shape[0]
+            kernels.blocks_to_float(piece.rows, piece.type, self.in_features, out=w[row:end], row_scale=piece.scale)
+            row = end
         return w
 
     def extra_repr(self) -> str:

@@ -1,8 +1,9 @@
-"""Linear layers built from GGML weights: dense (fp32 or bf16) and packed 4-bit.
+"""Linear layers built from GGML weights: dense (fp32, or the compute dtype) and packed 4-bit.
 
 Weights are (N, K) = (out_features, in_features); forward takes (..., K) and
-returns (..., N) in the layer's compute dtype (bf16 in fast mode, fp32 in exact mode):
-callers decide where to widen, so no cast is spent where the next op takes bf16 anyway.
+returns (..., N) in the layer's compute dtype (fp32 in exact mode; in fast mode bf16 where the
+CPU multiplies bf16 natively, else fp32 — kernels.compute_dtype): callers decide where to widen,
+so no cast is spent where the next op takes that dtype anyway.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 from edgellm import kernels
 
 from .ggml import AFFINE_BITS, INT4_GROUP, dequantize, integer_affine, type_name
+from .int4_pack import pack_int4, scale_zero_pairs
 
 __all__ = [
     "MODES",
@@ -30,17 +32,18 @@ MODES = ("exact", "fast")
 # (raw bytes, ggml type, torch-order shape (N, K)) of one GGUF weight.
 WeightPart = tuple[torch.Tensor, int, tuple[int, int]]
 
-# The CPU int4 kernel packs rows in blocks of 64 (AVX-512) or 32 (AVX2) and
-# handles tails only in steps of 16, so N must be a multiple of 16; K must be a
-# whole number of 32-wide groups.
-_INT4_N_MULTIPLE = 16
-# Row chunk for packing: a multiple of every packing block, so packing chunks
-# and concatenating equals packing the whole matrix, without an int32 copy of
-# all of q at once.
+# Row chunk for packing: a multiple of the layout's 64-row blocks, so packing chunks and
+# concatenating equals packing the whole matrix, without an int32 copy of all of q at once.
 _PACK_ROWS = 4096
-# From this many activation rows on (counting each plane's pass), unpacking the weight to bf16
-# and running the bf16 GEMM beats the INT4 kernel (measured: docs/performance.md, step 10).
+# From this many activation rows on (counting each plane's pass), unpacking the weight to the
+# compute dtype and running PyTorch's GEMM beats the GEMV kernel in chunks of kernels.MAX_ROWS
+# (measured: docs/performance.md, step 10).
 UNPACK_ROWS = 32
+
+
+def fast_dtype() -> torch.dtype:
+    """What fast mode multiplies in on this CPU (bf16 only with native bf16)."""
+    return kernels.compute_dtype()
 
 
 class DenseLinear(nn.Module):
@@ -73,15 +76,17 @@ class DenseLinear(nn.Module):
 
 
 class Int4Linear(nn.Module):
-    """4-bit weight linear on torch's CPU int4 kernel (bf16 activations).
+    """4-bit weight linear in edgellm's I4R64 layout (quant/int4_pack.py), on the native kernels.
 
     Weight w[n, k] = (q[n, k] - 8) * scale[n, k // group] + zero[n, k // group] (group 32 for
-    GGUF blocks; 64 or 128 for edgellm's own INT4 schemes);
-    scale and zero are held in bfloat16, as the kernel requires for bf16 input.
+    GGUF blocks; 64 or 128 for edgellm's own INT4 schemes); scale and zero are held in bf16.
 
     With planes=2, q/scale/zero hold two 4-bit planes side by side along K (see
     from_affine) and x is repeated to match: [W_hi W_lo] @ [x; x] = (W_hi + W_lo) @ x,
     so one kernel call multiplies by an up-to-8-bit weight.
+
+    Up to kernels.MAX_ROWS activation rows (decode) go to the INT4 GEMV and come out fp32; from
+    UNPACK_ROWS on, the weight is unpacked into a scratch of the compute dtype for PyTorch's GEMM.
     """
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int = 1,
@@ -92,11 +97,8 @@ class Int4Linear(nn.Module):
             raise ValueError(f"K = {k} does not split into {planes} planes")
         self.planes, self.group = planes, group
         self.in_features, self.out_features = k // planes, n
-        self.register_buffer("packed", _pack_int4(q))  # (N, K // 2) uint8
-        scale_zero = torch.stack([scale, zero], dim=-1)  # (N, K // group, 2)
-        self.register_buffer(
-            "scale_zero", scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16)
-        )  # (K // group, N, 2)
+        self.register_buffer("packed", _pack_rows(q))  # (N, K // 2) uint8
+        self.register_buffer("scale_zero", scale_zero_pairs(scale, zero))  # (K // group, N, 2) bf16
 
     @classmethod
     def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> Int4Linear:
@@ -132,42 +134,31 @@ class Int4Linear(nn.Module):
 
     @staticmethod
     def supports(n: int, k: int, group: int = INT4_GROUP) -> bool:
-        """Whether the CPU int4 kernel accepts an (n, k) weight."""
-        return n > 0 and k > 0 and n % _INT4_N_MULTIPLE == 0 and k % group == 0
+        """Whether the native INT4 kernels run here and take an (n, k) weight."""
+        return n > 0 and k > 0 and kernels.supports(n, k, group) and kernels.available()
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zero))
 
-    @property
-    def native(self) -> bool:
-        """Whether decode-sized inputs go to edgellm's own kernel (kernels/int4_gemv.c)."""
-        ok = self.__dict__.get("_native")
-        if ok is None:
-            ok = self.__dict__["_native"] = kernels.available() and kernels.supports(
-                self.out_features, self.planes * self.in_features, self.group)
-        return ok
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        if self.native and x.numel() <= kernels.MAX_ROWS * self.in_features:
-            # decode: our VNNI kernel on the same packed bytes, int16 activations, fp32 out
-            y = kernels.int4_gemv(x.reshape(-1, self.in_features), self.packed, self.scale_zero, self.group,
-                                  self.planes)
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if x2.shape[0] * self.planes < UNPACK_ROWS:
+            # decode: the INT4 GEMV on the packed bytes, int16 activations, fp32 out
+            step = kernels.MAX_ROWS
+            outs = [kernels.int4_gemv(x2[i:i + step], self.packed, self.scale_zero, self.group, self.planes)
+                    for i in range(0, x2.shape[0], step)]
+            y = outs[0] if len(outs) == 1 else torch.cat(outs)
             return y.reshape(*lead, self.out_features)
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
-        if self.native and x2.shape[0] * self.planes >= UNPACK_ROWS:
-            # prompt: unpack to a bf16 scratch and run the bf16 GEMM, ~3x the INT4 kernel here
-            n, step = self.out_features, kernels.SCRATCH_ROWS
-            outs = [torch.mm(x2, kernels.int4_unpack_bf16(self.packed, self.scale_zero, self.group, self.planes,
-                                                          (start, min(start + step, n))))  # (K, rows)
-                    for start in range(0, n, step)]
-            return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).reshape(*lead, n)
-        x2 = x2.repeat(1, self.planes) if self.planes > 1 else x2.contiguous()  # (M, planes·K)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x2, self.packed, self.group, self.scale_zero
-        )  # (M, N) bf16
-        return y.reshape(*lead, self.out_features)
+        # prompt: unpack to a scratch of the compute dtype and run PyTorch's GEMM
+        dtype = kernels.compute_dtype()
+        x2 = x2.to(dtype)
+        n, step = self.out_features, kernels.SCRATCH_ROWS
+        outs = [torch.mm(x2, kernels.int4_unpack(self.packed, self.scale_zero, self.group, self.planes,
+                                                 (start, min(start + step, n)), dtype))  # (K, rows)
+                for start in range(0, n, step)]
+        return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).reshape(*lead, n)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, group={self.group}, planes={self.planes}"
@@ -177,24 +168,16 @@ def _check_int4_parts(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
     if q.dtype != torch.uint8 or q.dim() != 2:
         raise ValueError("q must be a 2-D uint8 tensor (N, K)")
     n, k = q.shape
-    if not Int4Linear.supports(n, k, group):
-        raise ValueError(
-            f"int4 kernel needs N % {_INT4_N_MULTIPLE} == 0 and K % {group} == 0, "
-            f"got (N, K) = ({n}, {k})"
-        )
+    if not kernels.supports(n, k, group):
+        raise ValueError(f"the INT4 layout needs N % 64 == 0 and K % {group} == 0, got (N, K) = ({n}, {k})")
     groups = (n, k // group)
     if tuple(scale.shape) != groups or tuple(zero.shape) != groups:
         raise ValueError(f"scale and zero must have shape {groups}")
     return n, k
 
 
-def _pack_int4(q: torch.Tensor) -> torch.Tensor:
-    chunks = [
-        torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            q[start : start + _PACK_ROWS].to(torch.int32).contiguous(), 1
-        )
-        for start in range(0, q.shape[0], _PACK_ROWS)
-    ]
+def _pack_rows(q: torch.Tensor) -> torch.Tensor:
+    chunks = [pack_int4(q[start:start + _PACK_ROWS]) for start in range(0, q.shape[0], _PACK_ROWS)]
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # (N, K // 2)
 
 
@@ -215,8 +198,9 @@ def _check_part(part: WeightPart) -> tuple[int, int]:
 def make_linear(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int], mode: str) -> nn.Module:
     """Linear layer for one GGML weight of torch-order shape (N, K).
 
-    "exact": fp32 dense of the dequantized weight. "fast": packed int4 for
-    Q4_0/Q4_1/Q4_K (when the kernel accepts the shape), bf16 dense otherwise.
+    "exact": fp32 dense of the dequantized weight. "fast": packed INT4 for
+    Q4_0/Q4_1/Q4_K (where the native kernels run and take the shape), dense in the compute
+    dtype otherwise.
     """
     return make_fused_linear([(raw, ggml_type, shape)], mode)
 
@@ -226,7 +210,7 @@ def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
 
     Used to fuse Q/K/V or gate/up projections: all parts share K and are stacked
     along N. The result's `out_splits` lists each part's N, for torch.split.
-    If any part cannot use the int4 kernel, the whole stack is dense bf16, since
+    If any part cannot use the INT4 kernels, the whole stack is dense (compute dtype), since
     the fused matmul needs one weight format.
     """
     _check_mode(mode)
@@ -245,8 +229,7 @@ def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
     if use_int4:
         module = _fused_int4(parts)
     else:
-        dtype = torch.float32 if mode == "exact" else torch.bfloat16
-        module = _fused_dense(parts, dtype)
+        module = _fused_dense(parts, torch.float32 if mode == "exact" else fast_dtype())
     module.out_splits = [s[0] for s in shapes]
     return module
 
@@ -273,7 +256,7 @@ def _row_pieces(parts: Sequence[WeightPart]) -> Iterator[tuple[torch.Tensor, ...
 
 def _row_groups(pieces: Iterator[tuple[torch.Tensor, ...]]) -> Iterator[tuple[torch.Tensor, ...]]:
     """Join consecutive row pieces into groups of at least _PACK_ROWS rows, a multiple of 64,
-    so packing groups separately equals packing the whole (the kernel packs N in 64s)."""
+    so packing groups separately equals packing the whole (the layout packs N in 64s)."""
     current, rows = [], 0
     for piece in pieces:
         current.append(piece)

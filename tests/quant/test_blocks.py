@@ -1,6 +1,6 @@
-"""Native kernels on GGUF blocks read in place (kernels/block_gemv.c, quant/blocks.py), checked
-against the independent scalar decoder in tests/quant/reference.py on random blocks, and on the
-real Gemma 3 file."""
+"""Linears on GGUF blocks and INT8 rows read in place (quant/blocks.py): fused parts of mixed formats
+for decode and prompts against the independent scalar decoder in tests/quant/reference.py, edgellm's
+INT8 rows, and the real Gemma 3 file. The kernels themselves: tests/kernels/test_gemv.py."""
 from __future__ import annotations
 
 import random
@@ -14,9 +14,7 @@ from edgellm.quant.ggml import GGMLType
 
 from . import reference
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs AVX-512 VNNI and a C compiler")
-
-FORMATS = ["Q8_0", "Q5_0", "Q6_K"]
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (a C compiler)")
 
 
 def _weight(fmt: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,35 +24,33 @@ def _weight(fmt: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Te
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(n, -1), values
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("m", [1, 3])
-def test_block_gemv_matches_the_reference_decoder(fmt, m):
-    rows, w = _weight(fmt, 48, 512, seed=m)
-    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m), dtype=torch.float64)
-    reference_y = x @ w.T
-    ours = kernels.block_gemv(x.float(), rows, GGMLType[fmt], 512).double()
-    assert (ours - reference_y).abs().max() < 2e-4 * reference_y.abs().max()  # int16 activations
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_blocks_to_bf16_is_the_weight_rounded_once(fmt):
-    rows, w = _weight(fmt, 16, 256, seed=7)
-    ours = kernels.blocks_to_bf16(rows, GGMLType[fmt], 256).double()
-    assert ((ours - w).abs() <= w.abs() * 2 ** -8).all()  # each weight within one bf16 rounding
-
-
 def test_fused_parts_of_mixed_formats_for_decode_and_prompt():
-    parts = [_weight(fmt, n, 256, seed=i) for i, (fmt, n) in enumerate([("Q5_0", 64), ("Q5_0", 32), ("Q6_K", 16)])]
-    linear = BlockLinear([(rows.reshape(-1), GGMLType[fmt], (w.shape[0], 256))
-                          for (rows, w), fmt in zip(parts, ["Q5_0", "Q5_0", "Q6_K"])])
+    formats = ["Q5_0", "Q5_K", "Q6_K"]
+    parts = [_weight(fmt, n, 256, seed=i) for i, (fmt, n) in enumerate(zip(formats, [64, 32, 16]))]
+    linear = BlockLinear([(rows.reshape(-1), GGMLType[fmt], (w.shape[0], 256)) for (rows, w), fmt in zip(parts, formats)])
     w = torch.cat([w for _, w in parts])
     assert linear.out_features == 112 and linear.out_splits == [64, 32, 16]
-    for m in (1, 40):  # one native call per part; a bf16 GEMM over the dequantized stack
+    for m in (1, 40):  # one native call per part; a GEMM in the compute dtype over the dequantized stack
         x = torch.randn(1, m, 256, generator=torch.Generator().manual_seed(m))
         reference_y = x.double() @ w.T
         y = linear(x)
         assert y.shape == (1, m, 112)
         assert (y.double() - reference_y).abs().max() < 2e-2 * reference_y.abs().max()
+
+
+def test_int8_rows_of_edgellms_scheme_are_read_in_place():
+    from edgellm.quant.packed import make_quantized_linear
+    from edgellm.quant.schemes import Scheme, quantize
+
+    g = torch.Generator().manual_seed(4)
+    weights = [quantize(torch.randn(n, 128, generator=g) * 0.05, Scheme.parse("int8")) for n in (64, 32)]
+    linear = make_quantized_linear(weights, "fast")
+    assert isinstance(linear, BlockLinear) and linear.types == [GGMLType.I8] * 2
+    assert linear.parts[0].rows.data_ptr() == weights[0].q.data_ptr()  # no copy
+    w = torch.cat([q.dequantize() for q in weights]).double()
+    for m in (1, 40):
+        x = torch.randn(m, 128, generator=g)
+        assert (linear(x).double() - x.double() @ w.T).abs().max() < 2e-2 * (x.double() @ w.T).abs().max()
 
 
 def test_gemma_projections_are_read_in_place(gemma3_path):

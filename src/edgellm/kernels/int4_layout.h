@@ -1,0 +1,137 @@
+/* edgellm's INT4 weight layout "I4R64" (docs/kernels.md), written by quant/int4_pack.py on every
+   machine alike, read by int4_gemv.c (decode) and dequant.c (prompts):
+
+   rows in blocks of 64; per k, 32 bytes whose byte i holds row i (low nibble) and row 32 + i
+   (high nibble), so one k of a block is 64 consecutive rows. Per group of k's, `scale_zero` holds
+   one bf16 (scale, zero) pair per row, group-major: (K / group, N, 2). w = (q - 8) * scale + zero.
+
+   i4_dots() below, per ISA, turns one group of one block into exact int32 dot products with the
+   int16 activations of intdot.h. */
+#ifndef EDGELLM_INT4_LAYOUT_H
+#define EDGELLM_INT4_LAYOUT_H
+#include "intdot.h"
+
+#define I4_ROWS 64  /* rows per block */
+
+#if EDGELLM_AVX512
+#define I4_TILE 4   /* activation rows per i4_dots call: its accumulators stay in registers */
+#else
+#define I4_TILE 2
+#endif
+
+/* dots[i][r] = sum over kk < group of q[r][k0 + kk] * act[i].q[ka0 + kk], for the block whose
+   k-row k0 starts at w (32 bytes per k), m <= I4_TILE; group is a multiple of 4. */
+static inline void i4_dots(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
+                           int32_t dots[][I4_ROWS]) {
+#if EDGELLM_AVX512
+    __m512i acc[I4_TILE][4];
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_si512();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t kk = 0; kk < group; kk += 2) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(w + kk * 32));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(w + (kk + 1) * 32));
+        __m256i a_lo = _mm256_and_si256(a, low4), a_hi = _mm256_and_si256(_mm256_srli_epi16(a, 4), low4);
+        __m256i b_lo = _mm256_and_si256(b, low4), b_hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+        /* lane j of chunk r: row r*16 + j, low half q[.][k], high half q[.][k+1] */
+        __m512i wq[4];
+        wq[0] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(a_lo)),
+                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b_lo)), 16));
+        wq[1] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(a_lo, 1)),
+                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b_lo, 1)), 16));
+        wq[2] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(a_hi)),
+                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b_hi)), 16));
+        wq[3] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(a_hi, 1)),
+                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b_hi, 1)), 16));
+        for (int i = 0; i < m; i++) {
+            int32_t pair;
+            memcpy(&pair, act[i].q + ka0 + kk, 4);
+            __m512i xp = _mm512_set1_epi32(pair);
+            for (int r = 0; r < 4; r++) acc[i][r] = _mm512_dpwssd_epi32(acc[i][r], wq[r], xp);
+        }
+    }
+    for (int i = 0; i < m; i++)
+        for (int r = 0; r < 4; r++) _mm512_storeu_si512((void *)(dots[i] + r * 16), acc[i][r]);
+#elif EDGELLM_AVX2
+    /* bytes [16h, 16h + 16) hold rows 16h.. (low nibbles) and 32 + 16h.. (high): 4 x 8 rows */
+    for (int h = 0; h < 2; h++) {
+        __m256i acc[I4_TILE][4];
+        for (int i = 0; i < m; i++)
+            for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_si256();
+        const __m256i low4 = _mm256_set1_epi32(15);
+        for (int64_t kk = 0; kk < group; kk += 2) {
+            const uint8_t *a = w + kk * 32 + 16 * h, *b = a + 32;
+            __m256i wq[4];
+            for (int c = 0; c < 2; c++) {
+                __m256i ua = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(a + 8 * c)));
+                __m256i ub = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * c)));
+                wq[c] = _mm256_or_si256(_mm256_and_si256(ua, low4), _mm256_slli_epi32(_mm256_and_si256(ub, low4), 16));
+                wq[c + 2] = _mm256_or_si256(_mm256_srli_epi32(ua, 4), _mm256_slli_epi32(_mm256_srli_epi32(ub, 4), 16));
+            }
+            for (int i = 0; i < m; i++) {
+                int32_t pair;
+                memcpy(&pair, act[i].q + ka0 + kk, 4);
+                __m256i xp = _mm256_set1_epi32(pair);
+                for (int r = 0; r < 4; r++) acc[i][r] = madd_acc(acc[i][r], wq[r], xp);
+            }
+        }
+        /* wq[0..1]: rows 16h + 0..15; wq[2..3]: rows 32 + 16h + 0..15 */
+        for (int i = 0; i < m; i++) {
+            _mm256_storeu_si256((__m256i *)(dots[i] + 16 * h), acc[i][0]);
+            _mm256_storeu_si256((__m256i *)(dots[i] + 16 * h + 8), acc[i][1]);
+            _mm256_storeu_si256((__m256i *)(dots[i] + 32 + 16 * h), acc[i][2]);
+            _mm256_storeu_si256((__m256i *)(dots[i] + 32 + 16 * h + 8), acc[i][3]);
+        }
+    }
+#elif EDGELLM_NEON
+    /* 16 rows at a time (bytes [16h, 16h + 16), low or high nibbles); 4 k's at a time, transposed so
+       each 32-bit lane holds one row's 4 consecutive k's for sdot. */
+    for (int set = 0; set < 4; set++) {
+        int h = set & 1, high = set >> 1;
+        int32x4_t acc_h[I4_TILE][4], acc_l[I4_TILE][4];
+        for (int i = 0; i < m; i++)
+            for (int r = 0; r < 4; r++) acc_h[i][r] = acc_l[i][r] = vdupq_n_s32(0);
+        for (int64_t kk = 0; kk < group; kk += 4) {
+            uint8x16_t q[4];
+            for (int j = 0; j < 4; j++) {
+                uint8x16_t v = vld1q_u8(w + (kk + j) * 32 + 16 * h);
+                q[j] = high ? vshrq_n_u8(v, 4) : vandq_u8(v, vdupq_n_u8(0x0F));
+            }
+            uint8x16_t z01a = vzip1q_u8(q[0], q[1]), z01b = vzip2q_u8(q[0], q[1]);
+            uint8x16_t z23a = vzip1q_u8(q[2], q[3]), z23b = vzip2q_u8(q[2], q[3]);
+            int8x16_t wq[4] = {
+                vreinterpretq_s8_u16(vzip1q_u16(vreinterpretq_u16_u8(z01a), vreinterpretq_u16_u8(z23a))),
+                vreinterpretq_s8_u16(vzip2q_u16(vreinterpretq_u16_u8(z01a), vreinterpretq_u16_u8(z23a))),
+                vreinterpretq_s8_u16(vzip1q_u16(vreinterpretq_u16_u8(z01b), vreinterpretq_u16_u8(z23b))),
+                vreinterpretq_s8_u16(vzip2q_u16(vreinterpretq_u16_u8(z01b), vreinterpretq_u16_u8(z23b))),
+            };
+            for (int i = 0; i < m; i++) {
+                int32_t xh, xl;
+                memcpy(&xh, act[i].hi + ka0 + kk, 4);
+                memcpy(&xl, act[i].lo + ka0 + kk, 4);
+                int8x16_t vh = vreinterpretq_s8_s32(vdupq_n_s32(xh)), vl = vreinterpretq_s8_s32(vdupq_n_s32(xl));
+                for (int r = 0; r < 4; r++) {
+                    acc_h[i][r] = vdotq_s32(acc_h[i][r], wq[r], vh);
+                    acc_l[i][r] = vdotq_s32(acc_l[i][r], wq[r], vl);
+                }
+            }
+        }
+        for (int i = 0; i < m; i++)
+            for (int r = 0; r < 4; r++)
+                vst1q_s32(dots[i] + 32 * high + 16 * h + 4 * r, vaddq_s32(vshlq_n_s32(acc_h[i][r], 8), acc_l[i][r]));
+    }
+#else
+    for (int i = 0; i < m; i++) {
+        for (int r = 0; r < I4_ROWS; r++) dots[i][r] = 0;
+        for (int64_t kk = 0; kk < group; kk++) {
+            const uint8_t *row = w + kk * 32;
+            int32_t x = act[i].q[ka0 + kk];
+            for (int r = 0; r < 32; r++) {
+                dots[i][r] += (row[r] & 15) * x;
+                dots[i][r + 32] += (row[r] >> 4) * x;
+            }
+        }
+    }
+#endif
+}
+#endif

@@ -1,0 +1,67 @@
+/* The structures Python (kernels/decode.py) and the decoder layers share: weights, KV stores and
+   layer descriptors. Plain C, no vector types, so a test driver can build them too. */
+#ifndef EDGELLM_LAYER_TYPES_H
+#define EDGELLM_LAYER_TYPES_H
+#include <stdint.h>
+
+/* One stored weight: INT4 in the I4R64 layout (kind WEIGHT_INT4, scale_zero set), a dense bf16 or
+   fp32 (n, ka) matrix (GGUF types with neither an INT4 form nor a block kernel, e.g. F16), or GGUF
+   Q8_0 / Q5_0 / Q5_K / Q6_K blocks read in place, or edgellm's INT8 rows with their bf16 scales in
+   scale_zero (kind = the ggml type number, block_gemv.c). */
+enum { WEIGHT_INT4 = -1, WEIGHT_BF16 = -2, WEIGHT_F32 = -3 };
+typedef struct {
+    int64_t kind;
+    const uint8_t *data;
+    const uint16_t *scale_zero;
+    int64_t n, kw, ka, group;  /* kw = planes * ka */
+} WeightPart;
+
+/* A projection: up to three parts stacked along the output (fused q|k|v, gate|up). */
+#define MAX_PARTS 3
+typedef struct {
+    WeightPart parts[MAX_PARTS];
+    int64_t count;
+} Projection;
+
+/* Keys or values in one of kv/codecs.py's codecs (kv_codec.h reads and writes them):
+     KV_F32, KV_F16   q = (H, capacity, D) floats
+     KV_INT8          q int8 (H, capacity, D), fp16 scale per 16 values: x = q * scale
+     KV_INT4          q (H, capacity, D / 2) two values a byte (element 2j low nibble of byte j),
+                      fp16 scale and min per 32 values: x = q * scale + min */
+enum { KV_F32 = 0, KV_F16 = 1, KV_INT8 = 2, KV_INT4 = 3 };
+typedef struct {
+    void *q;
+    uint16_t *scale, *min;
+    int64_t codec;
+} KVStore;
+
+/* Where one layer's keys and values live. A dense cache holds positions 0..pos at slots 0..pos
+   (slot_pos = NULL); a ring of `capacity` = window slots holds position p at slot p % capacity,
+   with slot_pos[] naming each slot's position (-1: empty), and a query at p sees positions in
+   (p - window, p]. */
+typedef struct {
+    KVStore k, v;
+    int64_t capacity;
+    int64_t *slot_pos;
+} KVSlots;
+
+/* Sizes every decoder layer shares; the first member of each architecture's layer struct. */
+typedef struct {
+    int64_t hidden, n_heads, n_kv, head_dim, inter, max_len;
+    float eps, scale;
+} LayerDims;
+
+typedef struct {
+    LayerDims dims;
+    const float *attn_norm, *mlp_norm, *qkv_bias;  /* qkv_bias may be NULL */
+    Projection qkv, o, gate_up, down;
+} LlamaLayer;
+
+typedef struct {
+    LayerDims dims;
+    const float *attn_norm, *post_attn_norm, *mlp_norm, *post_mlp_norm, *q_norm, *k_norm;
+    Projection qkv, o, gate_up, down;
+} GemmaLayer;
+
+#define MAX_SEQS 8 /* sequences one layer call decodes together */
+#endif

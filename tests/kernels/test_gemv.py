@@ -1,0 +1,108 @@
+"""The decode GEMVs of every kernel variant (int4_gemv.c on the I4R64 layout, block_gemv.c on GGUF
+blocks and INT8 rows) against fp64 products of the dequantized weight, and against the scalar
+reference variant: the integer dot products are exact in every variant, so only float summation
+order may differ from the reference."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from edgellm import kernels
+from edgellm.quant.ggml import GGMLType
+from edgellm.quant.int4_pack import pack_int4, scale_zero_pairs, unpack_int4
+from tests.quant import reference
+
+# int16 activations: ~2e-5 of the largest product measured; fp32 sums in another order than the
+# reference variant's: ~1e-6
+TO_FP64, TO_SCALAR = 2e-4, 2e-5
+
+
+def _int4(n: int, k: int, planes: int, group: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, planes * k), dtype=torch.uint8, generator=g)
+    scale = torch.rand(n, planes * k // group, generator=g) * 0.02 + 1e-3
+    zero = torch.randn(n, planes * k // group, generator=g) * 0.01
+    expand = lambda t: t.bfloat16().double().repeat_interleave(group, 1)  # noqa: E731  (the kernel reads bf16)
+    w = (q.double() - 8) * expand(scale) + expand(zero)
+    return pack_int4(q), scale_zero_pairs(scale, zero), w.view(n, planes, k).sum(1)
+
+
+def _close(ours: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool:
+    return bool((ours.double() - expected.double()).abs().max() <= tolerance * expected.double().abs().max())
+
+
+@pytest.mark.parametrize("n, k, planes, group", [(64, 64, 1, 32), (960, 576, 1, 32), (576, 1536, 1, 64),
+                                                 (128, 640, 2, 32), (192, 256, 1, 128)])
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_int4_gemv_matches_fp64_and_the_scalar_reference(lib, scalar, n, k, planes, group, m):
+    packed, pairs, w = _int4(n, k, planes, group)
+    x = torch.randn(m, k, dtype=torch.float64, generator=torch.Generator().manual_seed(m)) * 3
+    ours = kernels.int4_gemv(x.float(), packed, pairs, group, planes, lib=lib)
+    assert ours.shape == (m, n) and ours.dtype == torch.float32
+    assert _close(ours, x @ w.T, TO_FP64)
+    assert _close(ours, kernels.int4_gemv(x.float(), packed, pairs, group, planes, lib=scalar), TO_SCALAR)
+
+
+def test_int4_gemv_zero_and_extreme_activations(lib):
+    packed, pairs, w = _int4(64, 128, 1, 32, seed=3)
+    x = torch.zeros(2, 128)
+    x[1, 5], x[1, 100] = 1e4, -3e-3
+    ours = kernels.int4_gemv(x, packed, pairs, 32, 1, lib=lib).double()
+    assert torch.equal(ours[0], torch.zeros(64, dtype=torch.float64))
+    expected = x.double() @ w.T
+    assert (ours[1] - expected[1]).abs().max() < 1e-4 * expected[1].abs().max()
+
+
+def test_layout_round_trips_and_equals_torchs_avx512_packing():
+    q = torch.randint(0, 16, (192, 96), dtype=torch.uint8)
+    packed = pack_int4(q)
+    assert packed.shape == (192, 48) and torch.equal(unpack_int4(packed), q)
+    # byte i of a block's k-row holds rows i (low nibble) and 32 + i (high nibble)
+    assert int(packed.view(3, 96, 32)[1, 7, 5]) == int(q[64 + 5, 7]) | int(q[64 + 37, 7]) << 4
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":  # the same bytes torch packs there
+        assert torch.equal(packed, torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), 1))
+    with pytest.raises(ValueError, match="N % 64"):
+        pack_int4(q[:40])
+
+
+BLOCK_FORMATS = ["Q8_0", "Q5_0", "Q5_K", "Q6_K"]
+
+
+def _blocks(fmt: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random blocks (N rows of K) and their fp64 values from the independent scalar decoder."""
+    data = reference.random_tensor(fmt, n * k, random.Random(seed))
+    values = torch.tensor(reference.decode(fmt, data), dtype=torch.float64).view(n, k)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(n, -1), values
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_block_gemv_matches_the_reference_decoder(lib, scalar, fmt, m):
+    rows, w = _blocks(fmt, 48, 512, seed=m)
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m), dtype=torch.float64)
+    ours = kernels.block_gemv(x.float(), rows, GGMLType[fmt], 512, lib=lib)
+    assert _close(ours, x @ w.T, TO_FP64)
+    assert _close(ours, kernels.block_gemv(x.float(), rows, GGMLType[fmt], 512, lib=scalar), TO_SCALAR)
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_int8_rows_with_their_scales(lib, scalar, m):
+    g = torch.Generator().manual_seed(m)
+    q = torch.randint(-127, 128, (96, 256), dtype=torch.int8, generator=g)
+    scale = (torch.rand(96, generator=g) * 0.01 + 1e-3).bfloat16()
+    w = q.double() * scale.double()[:, None]
+    x = torch.randn(m, 256, generator=g, dtype=torch.float64)
+    rows = q.view(torch.uint8)
+    ours = kernels.block_gemv(x.float(), rows, GGMLType.I8, 256, scale, lib=lib)
+    assert _close(ours, x @ w.T, TO_FP64)
+    assert _close(ours, kernels.block_gemv(x.float(), rows, GGMLType.I8, 256, scale, lib=scalar), TO_SCALAR)
+    with pytest.raises(ValueError, match="row_scale"):
+        kernels.block_gemv(x.float(), rows, GGMLType.I8, 256, lib=lib)
+
+
+def test_gemv_takes_at_most_eight_rows(lib):
+    packed, pairs, _ = _int4(64, 64, 1, 32)
+    with pytest.raises(ValueError, match="at most 8"):
+        kernels.int4_gemv(torch.zeros(9, 64), packed, pairs, 32, 1, lib=lib)

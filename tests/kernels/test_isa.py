@@ -1,0 +1,91 @@
+"""Choosing the kernel variant: from the CPU's features, or EDGELLM_ISA; and what it implies for
+the arithmetic (bf16 only with native bf16)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from edgellm.kernels import isa
+from edgellm.kernels.isa import UnsupportedISA, Variant
+
+ZEN3 = frozenset("avx avx2 fma f16c bmi2 movbe sse4_2".split())
+ZEN4 = ZEN3 | frozenset("avx512f avx512bw avx512vl avx512dq avx512cd avx512_vnni avx512_bf16".split())
+ALDER_LAKE = ZEN3 | {"avx_vnni"}
+
+
+@pytest.fixture
+def x86(monkeypatch):
+    monkeypatch.setattr(isa, "machine", lambda: "x86_64")
+
+
+def test_best_variant_first_with_every_extra_then_without(x86):
+    assert isa.runnable(ZEN4) == [Variant("avx512", frozenset({"bf16"})), Variant("avx512"),
+                                  Variant("avx2"), Variant("scalar")]
+    assert isa.runnable(ZEN3) == [Variant("avx2"), Variant("scalar")]
+    assert isa.runnable(ALDER_LAKE)[0] == Variant("avx2", frozenset({"vnni"}))
+    assert isa.runnable(frozenset({"sse2"})) == [Variant("scalar")]
+
+
+def test_arm_needs_dotprod_for_neon(monkeypatch):
+    monkeypatch.setattr(isa, "machine", lambda: "aarch64")
+    pi5 = frozenset("fp asimd fphp asimdhp asimddp".split())
+    assert isa.runnable(pi5)[0] == Variant("neon")
+    assert isa.runnable(frozenset("fp asimd".split())) == [Variant("scalar")]  # Cortex-A72: no dotprod
+
+
+def test_override_names_exactly_the_extras_it_lists(x86):
+    assert isa.parse("avx2", ZEN4) == Variant("avx2")
+    assert isa.parse("AVX512+bf16", ZEN4) == Variant("avx512", frozenset({"bf16"}))
+    assert isa.parse("scalar", ZEN3) == Variant("scalar")
+    with pytest.raises(UnsupportedISA, match="cannot run"):
+        isa.parse("avx512", ZEN3)
+    with pytest.raises(UnsupportedISA, match="cannot run"):
+        isa.parse("avx2+vnni", ZEN3)
+    with pytest.raises(UnsupportedISA, match="no such"):
+        isa.parse("sse9", ZEN4)
+
+
+def test_bf16_arithmetic_only_where_the_cpu_has_it():
+    assert Variant("avx512", frozenset({"bf16"})).bf16
+    assert not Variant("avx512").bf16 and not Variant("avx2", frozenset({"vnni"})).bf16
+    assert not Variant("scalar").bf16
+
+
+def test_compiler_flags_per_variant():
+    assert Variant("avx2").compiler_flags() == ["-march=x86-64-v3"]
+    assert "-mavxvnni" in Variant("avx2", frozenset({"vnni"})).compiler_flags()
+    assert "-mavx512bf16" in Variant("avx512", frozenset({"bf16"})).compiler_flags()
+    assert Variant("neon").compiler_flags() == ["-march=armv8.2-a+fp16+dotprod"]
+    assert Variant("scalar").compiler_flags() == []
+
+
+def _in_subprocess(code: str, **env) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_environment_picks_the_variant_and_its_dtype():
+    done = _in_subprocess("from edgellm import kernels; print(kernels.selected().label, kernels.compute_dtype())",
+                          EDGELLM_ISA="scalar")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["scalar", "torch.float32"]
+
+
+def test_no_compiler_says_so_once_and_runs_pytorch():
+    code = ("import edgellm; m = edgellm.load('smollm2-135m'); "
+            "print(m.generate('Hi', max_tokens=2, ignore_eos=True).token_ids)")
+    done = _in_subprocess(code, CC="/nonexistent/cc", PATH="/nonexistent", EDGELLM_CACHE=tempfile.mkdtemp())
+    if "is not installed" in done.stderr:
+        pytest.skip("smollm2-135m is not installed")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "native kernels unavailable" in line]
+    assert len(lines) == 1 and "slow PyTorch path" in lines[0] and "C compiler" in lines[0]
+
+
+def test_the_selected_variant_runs_here():
+    assert isa.selected() in isa.runnable()

@@ -1,0 +1,173 @@
+"""The one-call decoder layers (llama_layer.c, gemma3_layer.c) of every variant against an fp64
+PyTorch rendering of the same equations: random weights in the formats the models use (INT4
+layout, Q8_0, Q5_0, Q5_K blocks), three sequences at different positions in one call, every KV
+codec, dense caches and sliding rings. The reference attends over the cache as stored (decoded
+from its bytes), so the KV encoder's own rounding is not counted against the layer."""
+from __future__ import annotations
+
+import ctypes
+import math
+import random
+import struct
+
+import pytest
+import torch
+
+from edgellm import kernels
+from edgellm.kernels import decode
+from edgellm.kv.codecs import codec
+from edgellm.quant.blocks import BlockLinear
+from edgellm.quant.ggml import GGMLType
+from edgellm.quant.linear import Int4Linear
+from tests.quant import reference
+
+HIDDEN, HEADS, KV_HEADS, DIM, INTER, CAPACITY = 128, 4, 2, 32, 256, 24
+EPS = 1e-5
+CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3}
+
+
+# fp16 block scales that keep random weights of order 0.05, so activations stay of order 1
+SCALES = {"Q8_0": [(0, 4e-4)], "Q5_0": [(0, 4e-3)], "Q5_K": [(0, 3e-5), (2, 3e-5)]}
+
+
+def _blocks(fmt: str, n: int, k: int, seed: int) -> tuple[BlockLinear, torch.Tensor]:
+    data = bytearray(reference.random_tensor(fmt, n * k, random.Random(seed)))
+    size = reference.SIZES[fmt][1]
+    for start in range(0, len(data), size):
+        for offset, value in SCALES[fmt]:
+            data[start + offset:start + offset + 2] = struct.pack("<e", value)
+    w = torch.tensor(reference.decode(fmt, bytes(data)), dtype=torch.float64).view(n, k)
+    return BlockLinear([(torch.frombuffer(data, dtype=torch.uint8), GGMLType[fmt], (n, k))]), w
+
+
+def _int4(n: int, k: int, seed: int) -> tuple[Int4Linear, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    scale = torch.rand(n, k // 32, generator=g) * 0.01 + 1e-3
+    zero = torch.randn(n, k // 32, generator=g) * 0.01
+    expand = lambda t: t.bfloat16().double().repeat_interleave(32, 1)  # noqa: E731
+    return Int4Linear(q, scale, zero), (q.double() - 8) * expand(scale) + expand(zero)
+
+
+class _Layer:
+    """A random layer: its ctypes descriptor and its fp64 weights."""
+
+    def __init__(self, gemma: bool, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        width = (HEADS + 2 * KV_HEADS) * DIM
+        self.qkv, self.w_qkv = _int4(width, HIDDEN, seed)
+        self.o, self.w_o = _blocks("Q8_0", HIDDEN, HEADS * DIM, seed + 1)
+        self.gate_up, self.w_gate_up = _blocks("Q5_0", 2 * INTER, HIDDEN, seed + 2)
+        self.down, self.w_down = _blocks("Q5_K", HIDDEN, INTER, seed + 3)
+        self.norms = [torch.rand(HIDDEN, generator=g) + 0.5 for _ in range(4)]
+        self.head_norms = [torch.rand(DIM, generator=g) + 0.5 for _ in range(2)]
+        dims = decode._LayerDims(HIDDEN, HEADS, KV_HEADS, DIM, INTER, CAPACITY, EPS, DIM ** -0.5)
+        weights = [decode._weight(m) for m in (self.qkv, self.o, self.gate_up, self.down)]
+        if gemma:
+            ptrs = [n.data_ptr() for n in self.norms] + [n.data_ptr() for n in self.head_norms]
+            self.desc = decode._GemmaLayer(dims, *ptrs, *weights)
+        else:
+            self.desc = decode._LlamaLayer(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None, *weights)
+        self.gemma = gemma
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * w.double()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class _Cache:
+    """One sequence's K and V stores in a codec's parts (kv/codecs.py), as the C layer sees them."""
+
+    def __init__(self, k: str, v: str, ring: bool):
+        self.codecs = (codec(k), codec(v))
+        self.parts = [{n: torch.zeros(KV_HEADS, CAPACITY, s, dtype=t) for n, (s, t) in c.part_shapes(DIM).items()}
+                      for c in self.codecs]
+        self.slot_pos = torch.full((CAPACITY,), -1, dtype=torch.long) if ring else None
+        self.names = (k, v)
+
+    def slots(self) -> decode._KVSlots:
+        stores = []
+        for parts, name in zip(self.parts, self.names):
+            main = parts.get("x", parts.get("q"))
+            scale, low = parts.get("scale"), parts.get("min")
+            stores.append(decode._KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
+                                          None if low is None else low.data_ptr(), CODES[name]))
+        return decode._KVSlots(*stores, CAPACITY, None if self.slot_pos is None else self.slot_pos.data_ptr())
+
+    def decoded(self, which: int) -> torch.Tensor:
+        return self.codecs[which].decode(self.parts[which]).double()  # (Hkv, capacity, D)
+
+    def fill(self, upto: int, g: torch.Generator) -> None:
+        """Positions 0..upto-1 already cached (random keys and values, encoded)."""
+        for which in (0, 1):
+            x = torch.randn(KV_HEADS, upto, DIM, generator=g)
+            for name, value in self.codecs[which].encode(x).items():
+                slots = torch.arange(upto) % CAPACITY if self.slot_pos is not None else torch.arange(upto)
+                self.parts[which][name][:, slots] = value.to(self.parts[which][name].dtype)
+        if self.slot_pos is not None:
+            self.slot_pos[torch.arange(upto) % CAPACITY] = torch.arange(upto)
+
+
+def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], pos: list[int]) -> torch.Tensor:
+    """fp64 layer output for each sequence, attending over the caches as the C layer left them."""
+    out = []
+    for i, (cache, p) in enumerate(zip(caches, pos)):
+        xi = x[i].double()
+        n = _rms(xi, layer.norms[0])
+        qkv = (layer.w_qkv @ n).view(HEADS + 2 * KV_HEADS, DIM)
+        if layer.gemma:
+            qkv[:HEADS] = _rms(qkv[:HEADS], layer.head_norms[0])
+            qkv[HEADS:HEADS + KV_HEADS] = _rms(qkv[HEADS:HEADS + KV_HEADS], layer.head_norms[1])
+        q = _rope(qkv[:HEADS], cos[i].double(), sin[i].double())
+        keys, values = cache.decoded(0), cache.decoded(1)
+        held = cache.slot_pos if cache.slot_pos is not None else torch.arange(CAPACITY)
+        window = CAPACITY if cache.slot_pos is not None else p + 1
+        visible = (held >= 0) & (held <= p) & (p - held < window)
+        heads = []
+        for h in range(HEADS):
+            kv = h // (HEADS // KV_HEADS)
+            scores = keys[kv] @ q[h] * DIM ** -0.5
+            scores[~visible] = -math.inf
+            heads.append(torch.softmax(scores, 0) @ values[kv])
+        attn = layer.w_o @ torch.cat(heads)
+        h1 = xi + (_rms(attn, layer.norms[1]) if layer.gemma else attn)
+        m = _rms(h1, layer.norms[2])
+        gate, up = (layer.w_gate_up @ m).chunk(2)
+        act = torch.nn.functional.gelu(gate, approximate="tanh") if layer.gemma else torch.nn.functional.silu(gate)
+        mlp = layer.w_down @ (act * up)
+        out.append(h1 + (_rms(mlp, layer.norms[3]) if layer.gemma else mlp))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma3"])
+@pytest.mark.parametrize("k, v, ring", [("f16", "f16", False), ("f32", "f32", True), ("int8", "int8", False),
+                                        ("int8", "int4", True), ("int4", "int4", False)])
+def test_decoder_layer_matches_fp64(lib, gemma, k, v, ring):
+    layer = _Layer(gemma)
+    g = torch.Generator().manual_seed(7)
+    pos = [5, 17, 30] if ring else [5, 17, 0]  # a ring of 24 slots has wrapped at 30
+    caches = [_Cache(k, v, ring) for _ in pos]
+    for cache, p in zip(caches, pos):
+        cache.fill(p, g)
+    x = torch.randn(len(pos), HIDDEN, generator=g)
+    angles = torch.tensor(pos, dtype=torch.float64)[:, None] * (1e-2 ** torch.arange(DIM // 2) / (DIM // 2))
+    cos, sin = (f(torch.cat([angles, angles], dim=-1)).float().contiguous() for f in (torch.cos, torch.sin))
+    ours = x.clone()
+    slots = (decode._KVSlots * len(pos))(*(c.slots() for c in caches))
+    buf = torch.empty(lib.edgellm_layer_floats(ctypes.byref(layer.desc.dims), len(pos)), dtype=torch.float32)
+    work = torch.empty(lib.edgellm_block_gemv_work(8, INTER), dtype=torch.uint8)
+    run = lib.edgellm_gemma3_layer if gemma else lib.edgellm_llama_layer
+    run.restype = None
+    run(ctypes.byref(layer.desc), ctypes.c_void_p(ours.data_ptr()), ctypes.c_int(len(pos)), ctypes.c_void_p(cos.data_ptr()),
+        ctypes.c_void_p(sin.data_ptr()), slots, (ctypes.c_int64 * len(pos))(*pos), ctypes.c_void_p(buf.data_ptr()),
+        ctypes.c_void_p(work.data_ptr()), ctypes.c_int(2))
+    expected = _reference(layer, x, cos, sin, caches, pos)
+    # int16 activations in every GEMV: ~1e-4 of the largest value
+    assert (ours.double() - expected).abs().max() < 1e-3 * expected.abs().max()
+    if ring:
+        assert caches[2].slot_pos[30 % CAPACITY] == 30  # the new position took its ring slot
