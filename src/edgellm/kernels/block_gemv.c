@@ -20,6 +20,9 @@
 #include "intdot.h"
 
 #define MAX_M 8
+/* Rows of blocks ahead to prefetch: one core alone keeps too few lines in flight to stream at the
+   memory's speed (Q8_0 head, 2 threads: 13 -> 19 GB/s of ~21 measured) */
+#define PREFETCH_ROWS 3
 enum { BLOCK_Q5_0 = 6, BLOCK_Q8_0 = 8, BLOCK_Q5_K = 13, BLOCK_Q6_K = 14, BLOCK_I8 = 24 }; /* ggml type numbers */
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
@@ -156,6 +159,7 @@ ALWAYS_INLINE void gemv_rows(const float *x, int m, int64_t k, const uint8_t *bl
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++) {
         float out[MAX_M];
+        for (int64_t p = 0; p < rb; p += 64) __builtin_prefetch(blocks + (r + PREFETCH_ROWS) * rb + p);
         if (m == 1) row_dots(blocks + r * rb, type, k, 1, act, out);  /* a constant m: registers only */
         else row_dots(blocks + r * rb, type, k, m, act, out);
         float scale = row_scale ? bf16_to_f32(row_scale[r]) : 1.f;

@@ -21,7 +21,7 @@
 
 /* dots[i][r] = sum over kk < group of q[r][k0 + kk] * act[i].q[ka0 + kk], for the block whose
    k-row k0 starts at w (32 bytes per k), m <= I4_TILE; group is a multiple of 4. */
-static inline void i4_dots(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
+ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
                            int32_t dots[][I4_ROWS]) {
 #if EDGELLM_AVX512
     __m512i acc[I4_TILE][4];
