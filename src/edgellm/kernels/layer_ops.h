@@ -1,7 +1,7 @@
 /* Pieces shared by the native decoder layers (llama_layer.c, gemma3_layer.c): m sequences, one new
    token each, fp32 activations. */
 #pragma once
-#include "kv_codec.h"
+#include "decode_attention.h"
 #include "norm_rope.h"
 
 void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed, const uint16_t *scale_zero,
@@ -51,71 +51,6 @@ static inline void gemv(const Projection *w, const float *x, int m, float *y, in
             edgellm_int4_gemv(x, m, p->ka, p->data, p->scale_zero, p->n, p->kw, p->group, y, ldy, work, threads);
         else edgellm_block_gemv(x, m, p->ka, p->data, (int)p->kind, p->n, p->scale_zero, y, ldy, work, threads);
         y += p->n;
-    }
-}
-
-/* Whether slot t holds a position the query at `pos` sees. */
-static inline int visible(const KVSlots *c, int64_t t, int64_t pos) {
-    int64_t p = c->slot_pos ? c->slot_pos[t] : t;
-    return p >= 0 && p <= pos && pos - p < (c->slot_pos ? c->capacity : pos + 1);
-}
-
-/* s[t] = q . K[row0 + t] * scale over the visible slots (-inf elsewhere); returns the largest.
-   `codec` is a constant in each caller below, so each codec gets its own loop. */
-ALWAYS_INLINE float key_scores(const KVSlots *c, int codec, int64_t row0, const float *q, int64_t d, float scale,
-                               int64_t slots, int64_t pos, float *s) {
-    KVStore k = c->k;
-    k.codec = codec;
-    float best = -INFINITY;
-    for (int64_t t = 0; t < slots; t++) {
-        if (!visible(c, t, pos)) {
-            s[t] = -INFINITY;
-            continue;
-        }
-        vf acc = vf_zero();
-        for (int64_t i = 0; i < d; i += VL) acc = vf_fma(vf_load(q + i), kv_load(&k, row0 + t, d, i), acc);
-        s[t] = vf_sum(acc) * scale;
-        best = s[t] > best ? s[t] : best;
-    }
-    return best;
-}
-
-/* o = sum_t p[t] V[row0 + t], VL columns at a time over the slots. */
-ALWAYS_INLINE void weighted_values(const KVSlots *c, int codec, int64_t row0, const float *p, int64_t slots, int64_t d,
-                                   float *o) {
-    KVStore v = c->v;
-    v.codec = codec;
-    for (int64_t i = 0; i < d; i += VL) {
-        vf acc = vf_zero();
-        for (int64_t t = 0; t < slots; t++)
-            if (p[t] != 0.f) acc = vf_fma(vf_set1(p[t]), kv_load(&v, row0 + t, d, i), acc);
-        vf_store(o + i, acc);
-    }
-}
-
-#define BY_CODEC(codec, call_with)                                      \
-    switch (codec) {                                                    \
-    case KV_F16: call_with(KV_F16); break;                              \
-    case KV_INT8: call_with(KV_INT8); break;                            \
-    case KV_INT4: call_with(KV_INT4); break;                            \
-    default: call_with(KV_F32);                                         \
-    }
-
-/* One query per head over the visible slots of its KV head (grouped-query attention). */
-static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int64_t n_kv, int64_t d, float scale,
-                          int64_t slots, int64_t pos, float *scores, float *out, int threads) {
-    int64_t per_kv = n_heads / n_kv;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t h = 0; h < n_heads; h++) {
-        const float *qh = q + h * d;
-        int64_t row0 = (h / per_kv) * c->capacity;  /* this KV head's first row */
-        float *s = scores + h * slots, best = -INFINITY, total = 0.f;
-#define SCORES(codec) best = key_scores(c, codec, row0, qh, d, scale, slots, pos, s)
-        BY_CODEC(c->k.codec, SCORES)
-        for (int64_t t = 0; t < slots; t++) total += (s[t] = s[t] == -INFINITY ? 0.f : expf(s[t] - best));
-        for (int64_t t = 0; t < slots; t++) s[t] /= total;
-#define VALUES(codec) weighted_values(c, codec, row0, s, slots, d, out + h * d)
-        BY_CODEC(c->v.codec, VALUES)
     }
 }
 

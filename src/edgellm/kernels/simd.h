@@ -102,6 +102,15 @@ static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  
 static inline vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } /* c - a*b */
 static inline float vf_sum(vf v) { return _mm512_reduce_add_ps(v); }
 static inline float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
+/* out[j] = the sum of v_j's lanes, four vectors at once */
+static inline void vf_sum4(vf a, vf b, vf c, vf d, float *out) {
+    __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+}
 static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vf vf_pow2i(vf n) { /* 2^n for integral n in [-126, 127] */
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -182,6 +191,10 @@ static inline float vf_hmax(vf v) {
     return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
 }
 static inline vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline void vf_sum4(vf a, vf b, vf c, vf d, float *out) {
+    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+}
 static inline vf vf_pow2i(vf n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
@@ -251,6 +264,9 @@ static inline vf vf_fnma(vf a, vf b, vf c) { return vfmsq_f32(c, a, b); }
 static inline float vf_sum(vf v) { return vaddvq_f32(v); }
 static inline float vf_hmax(vf v) { return vmaxvq_f32(v); }
 static inline vf vf_round(vf x) { return vrndnq_f32(x); }
+static inline void vf_sum4(vf a, vf b, vf c, vf d, float *out) {
+    vst1q_f32(out, vpaddq_f32(vpaddq_f32(a, b), vpaddq_f32(c, d)));
+}
 static inline vf vf_pow2i(vf n) {
     return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23));
 }
@@ -320,6 +336,7 @@ static inline vf vf_fnma(vf a, vf b, vf c) { return c - a * b; }
 static inline float vf_sum(vf v) { return v; }
 static inline float vf_hmax(vf v) { return v; }
 static inline vf vf_round(vf x) { return nearbyintf(x); }
+static inline void vf_sum4(vf a, vf b, vf c, vf d, float *out) { out[0] = a, out[1] = b, out[2] = c, out[3] = d; }
 static inline vf vf_pow2i(vf n) { return bits_to_f32((uint32_t)((int32_t)n + 127) << 23); }
 static inline vf vf_zero_below(vf x, vf v, float floor) { return x > floor ? v : 0.f; }
 static inline vf vf_load_bf16(const uint16_t *p) { return bf16_to_f32(*p); }

@@ -1,0 +1,180 @@
+/* Attention for one new token per sequence over its KV cache (the decode layers' attention).
+
+   Work is split into (KV head, key chunk) items, so two threads share even a single KV head
+   (Gemma 3) and long contexts: each item reads its keys and values once per three query heads of
+   the group (grouped-query attention), decoding each vector from its codec once for all three,
+   and leaves per head a partial softmax — its largest score m, the sum l of e^(s - m) and the
+   unnormalized output o. The partials are then merged per head, as in flash-decoding:
+
+     M = max_c m_c,   out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c */
+#pragma once
+#include "kv_codec.h"
+
+#define ATT_CHUNK 256  /* keys per work item at most */
+#define ATT_MAX_THREADS 64  /* attend_floats' bound */
+
+/* Whether slot t holds a position the query at `pos` sees. */
+static inline int visible(const KVSlots *c, int64_t t, int64_t pos) {
+    int64_t p = c->slot_pos ? c->slot_pos[t] : t;
+    return p >= 0 && p <= pos && pos - p < (c->slot_pos ? c->capacity : pos + 1);
+}
+
+#define HEADS_PER_PASS 3  /* query heads a pass keeps accumulators for: 3 x 4 vectors in registers */
+
+/* sc[h][t - t0] = q_h . K[row0 + t] * scale for heads h0 .. h0 + nh (nh <= HEADS_PER_PASS), four keys
+   at a time: each key vector is decoded once for all the heads, and four dot products are summed
+   across lanes together. `codec` is a constant in each instance. */
+ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const float *q, int h0, int nh, int64_t d,
+                               float scale, int64_t t0, int64_t t1, float *sc) {
+    KVStore store = *k;
+    store.codec = codec;
+    int64_t len = t1 - t0, t = t0;
+    for (; t + 4 <= t1; t += 4) {
+        vf acc[HEADS_PER_PASS][4];
+        for (int h = 0; h < nh; h++) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = vf_zero();
+        for (int64_t i = 0; i < d; i += VL) {
+            vf key[4];
+            for (int j = 0; j < 4; j++) key[j] = kv_load(&store, row0 + t + j, d, i);
+            for (int h = 0; h < nh; h++) {
+                vf qh = vf_load(q + (h0 + h) * d + i);
+                for (int j = 0; j < 4; j++) acc[h][j] = vf_fma(qh, key[j], acc[h][j]);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            float *out = sc + (h0 + h) * len + t - t0;
+            vf_sum4(acc[h][0], acc[h][1], acc[h][2], acc[h][3], out);
+            for (int j = 0; j < 4; j++) out[j] *= scale;
+        }
+    }
+    for (; t < t1; t++)
+        for (int h = 0; h < nh; h++) {
+            vf acc = vf_zero();
+            for (int64_t i = 0; i < d; i += VL) acc = vf_fma(vf_load(q + (h0 + h) * d + i), kv_load(&store, row0 + t, d, i), acc);
+            sc[(h0 + h) * len + t - t0] = vf_sum(acc) * scale;
+        }
+}
+
+/* sc[h][t - t0] = q_h . K[row0 + t] * scale for the `group` query heads, -inf where not visible. */
+ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t row0, const float *q, int group, int64_t d,
+                                float scale, int64_t t0, int64_t t1, int64_t pos, float *sc) {
+    for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS)
+        head_scores(&c->k, codec, row0, q, h0, group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS, d, scale,
+                    t0, t1, sc);
+    for (int64_t t = t0; t < t1; t++)  /* empty ring slots hold zeros or old values: finite, masked here */
+        if (!visible(c, t, pos))
+            for (int h = 0; h < group; h++) sc[h * (t1 - t0) + t - t0] = -INFINITY;
+}
+
+#define VALUE_TILE 4  /* vectors of output columns a pass keeps in registers per head */
+
+/* o_h = sum_t p_h[t] V[row0 + t] for the group's heads: column tiles outermost, so each head's
+   tile stays in registers over the keys and each value vector is decoded once per pass. */
+ALWAYS_INLINE void chunk_values(const KVSlots *c, int codec, int64_t row0, const float *p, int group, int64_t d,
+                                int64_t t0, int64_t t1, float *o) {
+    KVStore store = c->v;
+    store.codec = codec;
+    int64_t len = t1 - t0;
+    for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS) {
+        int nh = group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS;
+        for (int64_t i0 = 0; i0 < d; i0 += VALUE_TILE * VL) {
+            int tile = (int)((d - i0) / VL < VALUE_TILE ? (d - i0) / VL : VALUE_TILE);
+            vf acc[HEADS_PER_PASS][VALUE_TILE];
+            for (int h = 0; h < nh; h++)
+                for (int j = 0; j < tile; j++) acc[h][j] = vf_zero();
+            for (int64_t t = t0; t < t1; t++) {
+                int any = 0;
+                for (int h = 0; h < nh; h++) any |= p[(h0 + h) * len + t - t0] != 0.f;
+                if (!any) continue;
+                vf value[VALUE_TILE];
+                for (int j = 0; j < tile; j++) value[j] = kv_load(&store, row0 + t, d, i0 + j * VL);
+                for (int h = 0; h < nh; h++) {
+                    vf w = vf_set1(p[(h0 + h) * len + t - t0]);
+                    for (int j = 0; j < tile; j++) acc[h][j] = vf_fma(w, value[j], acc[h][j]);
+                }
+            }
+            for (int h = 0; h < nh; h++)
+                for (int j = 0; j < tile; j++) vf_store(o + (h0 + h) * d + i0 + j * VL, acc[h][j]);
+        }
+    }
+}
+
+/* In place over one head's scores s[0..len): e^(s - max), masked keys exactly 0; returns the max
+   (0 when nothing is visible) and the sum in *total. */
+static inline float chunk_softmax(float *s, int64_t len, float *total) {
+    float m = -INFINITY;
+    for (int64_t t = 0; t < len; t++) m = s[t] > m ? s[t] : m;
+    if (m == -INFINITY) m = 0.f;
+    vf sum = vf_zero();
+    int64_t t = 0;
+    for (; t + VL <= len; t += VL) {
+        vf x = vf_sub(vf_load(s + t), vf_set1(m));
+        vf e = vf_zero_below(x, vf_exp(x), -80.f);
+        vf_store(s + t, e);
+        sum = vf_add(sum, e);
+    }
+    float tail = 0.f;
+    for (; t < len; t++) tail += (s[t] = s[t] == -INFINITY ? 0.f : expf(s[t] - m));
+    *total = vf_sum(sum) + tail;
+    return m;
+}
+
+#define BY_CODEC(codec, call_with)                                      \
+    switch (codec) {                                                    \
+    case KV_F16: call_with(KV_F16); break;                              \
+    case KV_INT8: call_with(KV_INT8); break;                            \
+    case KV_INT4: call_with(KV_INT4); break;                            \
+    default: call_with(KV_F32);                                         \
+    }
+
+/* Floats of scratch attend() needs for n_heads query heads over up to max_len slots. */
+static inline int64_t attend_floats(int64_t n_heads, int64_t d, int64_t max_len, int threads) {
+    int64_t chunks = (max_len + ATT_CHUNK - 1) / ATT_CHUNK + threads;
+    return n_heads * chunks * (ATT_CHUNK + d + 2);
+}
+
+/* out (n_heads x d) = attention of one query per head over the visible slots of its KV head.
+   scratch holds attend_floats(...) floats. */
+static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int64_t n_kv, int64_t d, float scale,
+                          int64_t slots, int64_t pos, float *scratch, float *out, int threads) {
+    int group = (int)(n_heads / n_kv);
+    threads = threads < ATT_MAX_THREADS ? threads : ATT_MAX_THREADS;
+    int64_t chunks = (slots + ATT_CHUNK - 1) / ATT_CHUNK;
+    if (chunks * n_kv < threads) chunks = (threads + n_kv - 1) / n_kv;  /* at least one item per thread */
+    if (chunks > slots) chunks = slots;
+    int64_t per = (slots + chunks - 1) / chunks, items = n_kv * chunks, size = group * (d + 2);
+    float *partial = scratch;                    /* per item: o (group x d), then m (group), l (group) */
+    float *scores = partial + items * size;      /* per item: group x per */
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+            int64_t g = it / chunks, t0 = (it % chunks) * per, t1 = t0 + per < slots ? t0 + per : slots;
+            float *sc = scores + it * group * per, *o = partial + it * size, *m = o + group * d, *l = m + group;
+            if (t0 >= t1) {
+                for (int h = 0; h < group; h++) m[h] = 0.f, l[h] = 0.f;
+                continue;
+            }
+#define SCORES(codec) chunk_scores(c, codec, g * c->capacity, q + g * group * d, group, d, scale, t0, t1, pos, sc)
+            BY_CODEC(c->k.codec, SCORES)
+            for (int h = 0; h < group; h++) m[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
+#define VALUES(codec) chunk_values(c, codec, g * c->capacity, sc, group, d, t0, t1, o)
+            BY_CODEC(c->v.codec, VALUES)
+        }
+    for (int64_t h = 0; h < n_heads; h++) {  /* merge each head's chunks */
+        int64_t g = h / group, hg = h % group;
+        float best = -INFINITY, total = 0.f;
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            const float *m = partial + (g * chunks + ch) * size + group * d;
+            if (m[group + hg] > 0.f && m[hg] > best) best = m[hg];
+        }
+        float *oh = out + h * d;
+        for (int64_t i = 0; i < d; i += VL) vf_store(oh + i, vf_zero());
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            const float *o = partial + (g * chunks + ch) * size, *m = o + group * d;
+            if (m[group + hg] <= 0.f) continue;
+            float w = expf(m[hg] - best);
+            total += w * m[group + hg];
+            for (int64_t i = 0; i < d; i += VL) vf_store(oh + i, vf_fma(vf_set1(w), vf_load(o + hg * d + i), vf_load(oh + i)));
+        }
+        vf inv = vf_set1(total > 0.f ? 1.f / total : 0.f);
+        for (int64_t i = 0; i < d; i += VL) vf_store(oh + i, vf_mul(vf_load(oh + i), inv));
+    }
+}
