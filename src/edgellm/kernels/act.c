@@ -1,18 +1,7 @@
 /* The gated MLP's middle for a prompt: h = act(gate) * up over a fused (M, 2I) gate|up output
    (bf16 or fp32, the compute dtype), in one pass (PyTorch spends an op per step, and its bf16
-   tanh-GELU alone runs at ~1.5 G elements/s). Both activations are x·sigmoid(z):
-     silu(x)      = x·sigmoid(x)
-     gelu_tanh(x) = x·(1 + tanh(u))/2 = x·sigmoid(2u),  u = sqrt(2/pi)·(x + 0.044715 x^3) */
-#include "simd.h"
-
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
-
-static inline vf activate(vf x, int act) {
-    if (act == ACT_SILU) return vf_mul(x, vf_sigmoid(x));
-    vf x3 = vf_mul(vf_mul(x, x), x);
-    vf u = vf_fma(vf_set1(0.044715f), x3, x);
-    return vf_mul(x, vf_sigmoid(vf_mul(vf_set1(2.f * 0.7978845608028654f), u)));
-}
+   tanh-GELU alone runs at ~1.5 G elements/s). */
+#include "activation.h"
 
 /* out (m, inter) = act(gate_up[:, :inter]) * gate_up[:, inter:] in `dtype` (simd.h); inter % 16 == 0. */
 void edgellm_gated_act(const void *gate_up, int64_t m, int64_t inter, int act, void *out, int dtype, int threads) {

@@ -105,8 +105,9 @@ ALWAYS_INLINE void superblock(const uint8_t *blk, int type, Superblock *sb) {
 }
 
 /* acc + block b of a row . the activation row's block b */
-static inline vf small_term(vf acc, w32 w, float d, const Act *act, int64_t b) {
-    return fma_dot32(acc, w, act, b * 32, d * act->dx[b]);
+static inline vf small_term(vf acc, wide32 w, float d, const Act *act, int64_t b) {
+    float s = d * act->dx[b];
+    return fma_dot_wide(acc, w, act, b * 32, s, s);
 }
 
 /* out[i] = row . activation row i, for one row of blocks. Blocks go four at a time into four
@@ -120,13 +121,13 @@ ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, cons
         for (; b + 3 < nblocks; b += 4)
             for (int j = 0; j < 4; j++) {
                 const uint8_t *blk = row + (b + j) * bb;
-                w32 w = small_block(blk, type);
+                wide32 w = widen(small_block(blk, type));  /* once for every activation row */
                 float d = type == BLOCK_I8 ? 1.f : half_at(blk);
                 for (int i = 0; i < m; i++) acc[i][j] = small_term(acc[i][j], w, d, &act[i], b + j);
             }
         for (; b < nblocks; b++) {
             const uint8_t *blk = row + b * bb;
-            w32 w = small_block(blk, type);
+            wide32 w = widen(small_block(blk, type));
             float d = type == BLOCK_I8 ? 1.f : half_at(blk);
             for (int i = 0; i < m; i++) acc[i][0] = small_term(acc[i][0], w, d, &act[i], b);
         }
@@ -142,8 +143,9 @@ ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, cons
         superblock(row + b * bytes, type, &sb);
         for (int c = 0; c < 8; c++) {
             int64_t g = b * 8 + c;  /* 32-weight group */
+            wide32 w = widen(sb.q[c]);
             for (int i = 0; i < m; i++) {
-                acc[i] = fma_dot32x2(acc[i], sb.q[c], &act[i], g * 32, sb.s0[c] * act[i].dx[g], sb.s1[c] * act[i].dx[g]);
+                acc[i] = fma_dot_wide(acc[i], w, &act[i], g * 32, sb.s0[c] * act[i].dx[g], sb.s1[c] * act[i].dx[g]);
                 offset[i] += sb.off[c] * act[i].sum[g];
             }
         }

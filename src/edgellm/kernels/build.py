@@ -22,7 +22,7 @@ import torch
 
 from edgellm.kernels.isa import Variant, selected
 
-SOURCES = ("simd.h", "intdot.h", "int4_layout.h", "layer_types.h", "kv_codec.h", "decode_attention.h", "norm_rope.h", "layer_ops.h", "int4_gemv.c",
+SOURCES = ("simd.h", "activation.h", "intdot.h", "int4_layout.h", "layer_types.h", "kv_codec.h", "decode_attention.h", "norm_rope.h", "layer_ops.h", "int4_gemv.c",
            "block_gemv.c", "dequant.c", "attention.c", "act.c", "rope.c", "norm.c", "layer_ops.c", "llama_layer.c",
            "gemma3_layer.c")
 COMMON_FLAGS = ["-O3", "-shared", "-fPIC"]

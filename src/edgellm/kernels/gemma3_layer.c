@@ -6,10 +6,6 @@
      m = PreNorm_mlp(x);   x += PostNorm_mlp(W_down (gelu_tanh(W_gate m) * W_up m)) */
 #include "layer_ops.h"
 
-static inline float gelu_tanh(float g) {
-    return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-}
-
 /* Post-norm each row of B->proj in place (Gemma normalizes a sublayer's output before the residual add). */
 static inline void post_norm(const LayerDims *D, const float *w, int m, float *proj) {
     for (int i = 0; i < m; i++) rms_norm(proj + i * D->hidden, w, D->hidden, D->eps, proj + i * D->hidden);
@@ -32,7 +28,7 @@ void edgellm_gemma3_layer(const GemmaLayer *L, float *x, int m, const float *cos
     add_rows(x, B.proj, m, D->hidden);
 
     for (int i = 0; i < m; i++) rms_norm(x + i * D->hidden, L->mlp_norm, D->hidden, D->eps, B.n + i * D->hidden);
-    gated_mlp(D, &L->gate_up, &L->down, gelu_tanh, m, &B, work, threads);
+    gated_mlp(D, &L->gate_up, &L->down, ACT_GELU_TANH, m, &B, work, threads);
     post_norm(D, L->post_mlp_norm, m, B.proj);
     add_rows(x, B.proj, m, D->hidden);
 }

@@ -15,8 +15,49 @@
 
 #if EDGELLM_AVX512
 #define I4_TILE 4   /* activation rows per i4_dots call: its accumulators stay in registers */
+#elif EDGELLM_AVX2
+#define I4_TILE 8   /* a batch goes 8 rows of the block at a time instead (i4_dots_batch) */
 #else
 #define I4_TILE 2
+#endif
+
+#if EDGELLM_AVX2
+/* i4_dots for a batch (m <= 8): one chunk of 8 rows at a time, so the batch's accumulators fit the
+   16 registers and the nibbles are unpacked once for all of its rows. */
+ALWAYS_INLINE void i4_dots_rows(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
+                                int32_t dots[][I4_ROWS]) {
+    const __m256i low4 = _mm256_set1_epi32(15);
+    for (int chunk = 0; chunk < 8; chunk++) {
+        int high = chunk >> 2, byte0 = (chunk & 3) * 8;  /* rows 32 * high + byte0 .. + 8 */
+        __m256i acc[I4_TILE];
+        for (int i = 0; i < m; i++) acc[i] = _mm256_setzero_si256();
+        for (int64_t kk = 0; kk < group; kk += 2) {
+            __m256i ua = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + kk * 32 + byte0)));
+            __m256i ub = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + (kk + 1) * 32 + byte0)));
+            __m256i wq = high ? _mm256_or_si256(_mm256_srli_epi32(ua, 4), _mm256_slli_epi32(_mm256_srli_epi32(ub, 4), 16))
+                              : _mm256_or_si256(_mm256_and_si256(ua, low4), _mm256_slli_epi32(_mm256_and_si256(ub, low4), 16));
+            for (int i = 0; i < m; i++) {
+                int32_t pair;
+                memcpy(&pair, act[i].q + ka0 + kk, 4);
+                acc[i] = madd_acc(acc[i], wq, _mm256_set1_epi32(pair));
+            }
+        }
+        for (int i = 0; i < m; i++) _mm256_storeu_si256((__m256i *)(dots[i] + 32 * high + byte0), acc[i]);
+    }
+}
+
+/* each batch size its own instance: a constant m keeps the accumulators in registers */
+static void i4_dots_batch(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0, int32_t dots[][I4_ROWS]) {
+    switch (m) {
+    case 2: i4_dots_rows(w, group, 2, act, ka0, dots); break;
+    case 3: i4_dots_rows(w, group, 3, act, ka0, dots); break;
+    case 4: i4_dots_rows(w, group, 4, act, ka0, dots); break;
+    case 5: i4_dots_rows(w, group, 5, act, ka0, dots); break;
+    case 6: i4_dots_rows(w, group, 6, act, ka0, dots); break;
+    case 7: i4_dots_rows(w, group, 7, act, ka0, dots); break;
+    default: i4_dots_rows(w, group, 8, act, ka0, dots);
+    }
+}
 #endif
 
 /* dots[i][r] = sum over kk < group of q[r][k0 + kk] * act[i].q[ka0 + kk], for the block whose
@@ -53,6 +94,10 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
     for (int i = 0; i < m; i++)
         for (int r = 0; r < 4; r++) _mm512_storeu_si512((void *)(dots[i] + r * 16), acc[i][r]);
 #elif EDGELLM_AVX2
+    if (m > 1) {
+        i4_dots_batch(w, group, m, act, ka0, dots);
+        return;
+    }
     /* bytes [16h, 16h + 16) hold rows 16h.. (low nibbles) and 32 + 16h.. (high): 4 x 8 rows */
     for (int h = 0; h < 2; h++) {
         __m256i acc[I4_TILE][4];

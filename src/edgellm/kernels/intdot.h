@@ -33,26 +33,26 @@ static inline Act quantize_act(const float *x, int64_t k, int64_t group, uint8_t
     float *dx = (float *)(mem + 4 * k), *sum = dx + k / group;
     for (int64_t g = 0; g < k / group; g++) {
         const float *xs = x + g * group;
-        float amax = 0.f, s = 0.f;
-        for (int64_t i = 0; i < group; i++) {
-            float a = fabsf(xs[i]);
-            amax = a > amax ? a : amax;
-            s += xs[i];
+        vf amax = vf_zero(), s = vf_zero();
+        for (int64_t i = 0; i < group; i += VL) {
+            vf v = vf_load(xs + i);
+            amax = vf_max(amax, vf_abs(v));
+            s = vf_add(s, v);
         }
-        float d = amax > 0.f ? amax / (float)ACT_MAX : 1.f, inv = 1.f / d;
-        for (int64_t i = 0; i < group; i++) {
-            long v = lrintf(xs[i] * inv);
-            v = v > ACT_MAX ? ACT_MAX : (v < -ACT_MAX ? -ACT_MAX : v);
-            q[g * group + i] = (int16_t)v;
-#if EDGELLM_NEON
-            int h = (int)((v + 128) >> 8);
-            hi[g * group + i] = (int8_t)h;
-            lo[g * group + i] = (int8_t)(v - 256 * h);
-#endif
-        }
+        float a = vf_hmax(amax), d = a > 0.f ? a / (float)ACT_MAX : 1.f;
+        vf inv = vf_set1(1.f / d), limit = vf_set1((float)ACT_MAX);
+        for (int64_t i = 0; i < group; i += VL)  /* |x / d| <= ACT_MAX up to rounding: clamp, then round */
+            vf_store_i16(q + g * group + i, vf_max(vf_min(vf_mul(vf_load(xs + i), inv), limit), vf_sub(vf_zero(), limit)));
         dx[g] = d;
-        sum[g] = s;
+        sum[g] = vf_sum(s);
     }
+#if EDGELLM_NEON
+    for (int64_t i = 0; i < k; i++) {
+        int h = (q[i] + 128) >> 8;
+        hi[i] = (int8_t)h;
+        lo[i] = (int8_t)(q[i] - 256 * h);
+    }
+#endif
     Act a = {q, hi, lo, dx, sum};
     return a;
 }
@@ -189,40 +189,37 @@ static inline __m256i madd_acc(__m256i acc, __m256i w16, __m256i x16) {
 }
 #endif
 
-/* acc + s * (partial sums of w[j] * q[k + j]), j < 32 */
-static inline vf fma_dot32(vf acc, w32 w, const Act *a, int64_t k, float s) {
+/* 32 weights in the form the dot product reads: int16 on x86 (widened once, then reused for every
+   activation row of a batch), the int8 themselves on NEON and scalar. */
 #if EDGELLM_AVX512
-    __m512i d = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(w),
-                                    _mm512_loadu_si512((const void *)(a->q + k)));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(s), acc);
+typedef __m512i wide32;
+static inline wide32 widen(w32 w) { return _mm512_cvtepi8_epi16(w); }
 #elif EDGELLM_AVX2
-    __m256i d = madd_acc(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-                         _mm256_loadu_si256((const __m256i *)(a->q + k)));
-    d = madd_acc(d, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1)), _mm256_loadu_si256((const __m256i *)(a->q + k + 16)));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s), acc);
-#elif EDGELLM_NEON
-    int32x4_t h = vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.lo, vld1q_s8(a->hi + k)), w.hi, vld1q_s8(a->hi + k + 16));
-    int32x4_t l = vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.lo, vld1q_s8(a->lo + k)), w.hi, vld1q_s8(a->lo + k + 16));
-    return vfmaq_n_f32(acc, vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(h, 8), l)), s);
-#else
-    int32_t d = 0;
-    for (int j = 0; j < 32; j++) d += (int32_t)w.v[j] * a->q[k + j];
-    return acc + s * (float)d;
-#endif
+typedef struct { __m256i lo, hi; } wide32;
+static inline wide32 widen(w32 w) {
+    wide32 v = {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1))};
+    return v;
 }
+#else
+typedef w32 wide32;
+static inline wide32 widen(w32 w) { return w; }
+#endif
 
-/* The same with scale s0 for weights 0-15 and s1 for 16-31 (Q6_K's sub-blocks of 16). */
-static inline vf fma_dot32x2(vf acc, w32 w, const Act *a, int64_t k, float s0, float s1) {
+/* acc + s0 * (partial sums of w[j] * q[k + j], j < 16) + s1 * (the same for 16 <= j < 32): one scale
+   per block (s0 == s1), or Q6_K's two sub-blocks of 16. */
+static inline vf fma_dot_wide(vf acc, wide32 w, const Act *a, int64_t k, float s0, float s1) {
 #if EDGELLM_AVX512
-    __m512i d = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_cvtepi8_epi16(w),
-                                    _mm512_loadu_si512((const void *)(a->q + k)));
-    __m512 s = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1)); /* lane j: weights 2j, 2j+1 */
+    __m512i d = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512((const void *)(a->q + k)));
+    __m512 s = s0 == s1 ? _mm512_set1_ps(s0)  /* lane j: weights 2j, 2j + 1 */
+                        : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc);
 #elif EDGELLM_AVX2
-    __m256i d0 = madd_acc(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-                          _mm256_loadu_si256((const __m256i *)(a->q + k)));
-    __m256i d1 = madd_acc(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1)),
-                          _mm256_loadu_si256((const __m256i *)(a->q + k + 16)));
+    __m256i d0 = madd_acc(_mm256_setzero_si256(), w.lo, _mm256_loadu_si256((const __m256i *)(a->q + k)));
+    if (s0 == s1) {
+        __m256i d = madd_acc(d0, w.hi, _mm256_loadu_si256((const __m256i *)(a->q + k + 16)));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s0), acc);
+    }
+    __m256i d1 = madd_acc(_mm256_setzero_si256(), w.hi, _mm256_loadu_si256((const __m256i *)(a->q + k + 16)));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(s0), acc);
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(s1), acc);
 #elif EDGELLM_NEON
@@ -230,6 +227,8 @@ static inline vf fma_dot32x2(vf acc, w32 w, const Act *a, int64_t k, float s0, f
     int32x4_t l0 = vdotq_s32(vdupq_n_s32(0), w.lo, vld1q_s8(a->lo + k));
     int32x4_t h1 = vdotq_s32(vdupq_n_s32(0), w.hi, vld1q_s8(a->hi + k + 16));
     int32x4_t l1 = vdotq_s32(vdupq_n_s32(0), w.hi, vld1q_s8(a->lo + k + 16));
+    if (s0 == s1)
+        return vfmaq_n_f32(acc, vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(vaddq_s32(h0, h1), 8), vaddq_s32(l0, l1))), s0);
     acc = vfmaq_n_f32(acc, vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(h0, 8), l0)), s0);
     return vfmaq_n_f32(acc, vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(h1, 8), l1)), s1);
 #else
@@ -240,5 +239,10 @@ static inline vf fma_dot32x2(vf acc, w32 w, const Act *a, int64_t k, float s0, f
     }
     return acc + s0 * (float)d0 + s1 * (float)d1;
 #endif
+}
+
+/* acc + s * (partial sums of w[j] * q[k + j]), j < 32 */
+static inline vf fma_dot32(vf acc, w32 w, const Act *a, int64_t k, float s) {
+    return fma_dot_wide(acc, widen(w), a, k, s, s);
 }
 #endif

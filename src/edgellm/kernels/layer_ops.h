@@ -2,6 +2,7 @@
    token each, fp32 activations. */
 #pragma once
 #include "decode_attention.h"
+#include "activation.h"
 #include "norm_rope.h"
 
 void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed, const uint16_t *scale_zero,
@@ -67,13 +68,16 @@ static inline void attention_out(const LayerDims *D, const Projection *o, KVSlot
     gemv(o, B->att, m, B->proj, D->hidden, work, threads);
 }
 
-/* B->proj = W_down (act(W_gate m) * W_up m) for m in B->n (gate and up fused, gate first). */
-static inline void gated_mlp(const LayerDims *D, const Projection *gate_up, const Projection *down,
-                             float (*act)(float), int m, const LayerBuffers *B, void *work, int threads) {
+/* B->proj = W_down (act(W_gate m) * W_up m) for m in B->n (gate and up fused, gate first);
+   act is ACT_SILU or ACT_GELU_TANH (activation.h). */
+static inline void gated_mlp(const LayerDims *D, const Projection *gate_up, const Projection *down, int act, int m,
+                             const LayerBuffers *B, void *work, int threads) {
     gemv(gate_up, B->n, m, B->gu, 2 * D->inter, work, threads);
-    for (int i = 0; i < m; i++)
-        for (int64_t j = 0; j < D->inter; j++)
-            B->act[i * D->inter + j] = act(B->gu[i * 2 * D->inter + j]) * B->gu[i * 2 * D->inter + D->inter + j];
+    for (int i = 0; i < m; i++) {
+        const float *gate = B->gu + i * 2 * D->inter, *up = gate + D->inter;
+        for (int64_t j = 0; j < D->inter; j += VL)
+            vf_store(B->act + i * D->inter + j, vf_mul(activate(vf_load(gate + j), act), vf_load(up + j)));
+    }
     gemv(down, B->act, m, B->proj, D->hidden, work, threads);
 }
 

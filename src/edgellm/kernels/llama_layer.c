@@ -14,8 +14,6 @@
    decides when it applies). */
 #include "layer_ops.h"
 
-static inline float silu(float g) { return g / (1.f + expf(-g)); }
-
 /* x (m, hidden) is updated in place; cos, sin (m, head_dim) hold each sequence's position's angles.
    `buf` holds edgellm_layer_floats(&L->dims, m) floats; `work` the GEMVs' scratch. */
 void edgellm_llama_layer(const LlamaLayer *L, float *x, int m, const float *cos, const float *sin, KVSlots *caches,
@@ -36,6 +34,6 @@ void edgellm_llama_layer(const LlamaLayer *L, float *x, int m, const float *cos,
     add_rows(x, B.proj, m, D->hidden);
 
     for (int i = 0; i < m; i++) rms_norm(x + i * D->hidden, L->mlp_norm, D->hidden, D->eps, B.n + i * D->hidden);
-    gated_mlp(D, &L->gate_up, &L->down, silu, m, &B, work, threads);
+    gated_mlp(D, &L->gate_up, &L->down, ACT_SILU, m, &B, work, threads);
     add_rows(x, B.proj, m, D->hidden);
 }

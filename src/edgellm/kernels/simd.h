@@ -159,6 +159,11 @@ static inline void vf_load_bf16_pairs(const uint16_t *p, vf *lo, vf *hi) {
     *hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000)));
 }
 static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
+/* VL values rounded to the nearest integer (ties to even) and stored as int16; |v| < 32768 */
+static inline void vf_store_i16(int16_t *p, vf v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(v)));
+}
+static inline vf vf_abs(vf v) { return _mm512_abs_ps(v); }
 static inline vf vf_from_vi(vi v) { return _mm512_cvtepi32_ps(v); }
 static inline vi vi_load(const int32_t *p) { return _mm512_loadu_si512((const void *)p); }
 static inline void vi_store(int32_t *p, vi v) { _mm512_storeu_si512((void *)p, v); }
@@ -240,6 +245,11 @@ static inline void vf_load_bf16_pairs(const uint16_t *p, vf *lo, vf *hi) {
     *hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000)));
 }
 static inline vi vi_zero(void) { return _mm256_setzero_si256(); }
+static inline void vf_store_i16(int16_t *p, vf v) {
+    __m256i i = _mm256_cvtps_epi32(v);
+    _mm_storeu_si128((__m128i *)p, _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1)));
+}
+static inline vf vf_abs(vf v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
 static inline vf vf_from_vi(vi v) { return _mm256_cvtepi32_ps(v); }
 static inline vi vi_load(const int32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline void vi_store(int32_t *p, vi v) { _mm256_storeu_si256((__m256i *)p, v); }
@@ -312,6 +322,8 @@ static inline void vf_load_bf16_pairs(const uint16_t *p, vf *lo, vf *hi) {
     *hi = vreinterpretq_f32_u32(vandq_u32(v, vdupq_n_u32(0xFFFF0000u)));
 }
 static inline vi vi_zero(void) { return vdupq_n_s32(0); }
+static inline void vf_store_i16(int16_t *p, vf v) { vst1_s16(p, vmovn_s32(vcvtnq_s32_f32(v))); }
+static inline vf vf_abs(vf v) { return vabsq_f32(v); }
 static inline vf vf_from_vi(vi v) { return vcvtq_f32_s32(v); }
 static inline vi vi_load(const int32_t *p) { return vld1q_s32(p); }
 static inline void vi_store(int32_t *p, vi v) { vst1q_s32(p, v); }
@@ -351,6 +363,8 @@ static inline void vf_load_bf16_pairs(const uint16_t *p, vf *lo, vf *hi) {
     *hi = bf16_to_f32(p[1]);
 }
 static inline vi vi_zero(void) { return 0; }
+static inline void vf_store_i16(int16_t *p, vf v) { *p = (int16_t)lrintf(v); }
+static inline vf vf_abs(vf v) { return fabsf(v); }
 static inline vf vf_from_vi(vi v) { return (float)v; }
 static inline vi vi_load(const int32_t *p) { return *p; }
 static inline void vi_store(int32_t *p, vi v) { *p = v; }
