@@ -56,6 +56,11 @@ static inline w32 small_block(const uint8_t *b, int type) {
     return w32_sub_const(w32_or(w32_nibbles(b + 6), w32_bit4(qh)), 16);
 }
 
+/* A small block's weights in the dot product's form (Q5_0 has its own, cheaper path). */
+static inline wide32 small_wide(const uint8_t *b, int type) {
+    return type == BLOCK_Q5_0 ? q5_0_wide(b) : widen(small_block(b, type));
+}
+
 /* The four 32-weight chunks of one Q6_K half (ql: 64 bytes, qh: 32), as int8 q - 32. */
 static inline void q6_k_half(const uint8_t *ql, const uint8_t *qh, w32 q[4]) {
     for (int c = 0; c < 4; c++)
@@ -121,13 +126,13 @@ ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, cons
         for (; b + 3 < nblocks; b += 4)
             for (int j = 0; j < 4; j++) {
                 const uint8_t *blk = row + (b + j) * bb;
-                wide32 w = widen(small_block(blk, type));  /* once for every activation row */
+                wide32 w = small_wide(blk, type);  /* once for every activation row */
                 float d = type == BLOCK_I8 ? 1.f : half_at(blk);
                 for (int i = 0; i < m; i++) acc[i][j] = small_term(acc[i][j], w, d, &act[i], b + j);
             }
         for (; b < nblocks; b++) {
             const uint8_t *blk = row + b * bb;
-            wide32 w = widen(small_block(blk, type));
+            wide32 w = small_wide(blk, type);
             float d = type == BLOCK_I8 ? 1.f : half_at(blk);
             for (int i = 0; i < m; i++) acc[i][0] = small_term(acc[i][0], w, d, &act[i], b);
         }
