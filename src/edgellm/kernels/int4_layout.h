@@ -46,6 +46,46 @@ ALWAYS_INLINE void i4_dots_rows(const uint8_t *w, int64_t group, int m, const Ac
     }
 }
 
+#ifndef __AVXVNNI__
+/* One activation row without VNNI: the nibbles of k and k + 1 interleaved byte by byte and
+   multiplied by the activation's two bytes (q = 256 hi + lo) with vpmaddubsw, 16 rows x 2 k per
+   instruction. Products stay in int16 for 8 pairs of k (8 x 2 x 15 x 128 < 32768), then widen. */
+static inline void i4_dots_bytes(const uint8_t *w, int64_t group, const Act *act, int64_t ka0, int32_t *dots) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    /* pairs p: 0 rows 0-7 | 16-23, 1 rows 8-15 | 24-31, 2 and 3 the same + 32 */
+    static const int first_row[8] = {0, 16, 8, 24, 32, 48, 40, 56};
+    for (int r = 0; r < I4_ROWS; r += 8) _mm256_storeu_si256((__m256i *)(dots + r), _mm256_setzero_si256());
+    for (int64_t k8 = 0; k8 < group; k8 += 16) {
+        __m256i hi16[4], lo16[4];  /* int16 per row: P0 lo nibbles, P1 lo, P0 hi, P1 hi */
+        for (int p = 0; p < 4; p++) hi16[p] = lo16[p] = _mm256_setzero_si256();
+        for (int64_t kk = k8; kk < k8 + 16 && kk < group; kk += 2) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(w + kk * 32));
+            __m256i b = _mm256_loadu_si256((const __m256i *)(w + (kk + 1) * 32));
+            __m256i a_lo = _mm256_and_si256(a, low4), a_hi = _mm256_and_si256(_mm256_srli_epi16(a, 4), low4);
+            __m256i b_lo = _mm256_and_si256(b, low4), b_hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+            __m256i pairs[4] = {_mm256_unpacklo_epi8(a_lo, b_lo), _mm256_unpackhi_epi8(a_lo, b_lo),
+                                _mm256_unpacklo_epi8(a_hi, b_hi), _mm256_unpackhi_epi8(a_hi, b_hi)};
+            int16_t xh, xl;
+            memcpy(&xh, act->hi + ka0 + kk, 2);
+            memcpy(&xl, act->lo + ka0 + kk, 2);
+            __m256i vh = _mm256_set1_epi16(xh), vl = _mm256_set1_epi16(xl);
+            for (int p = 0; p < 4; p++) {
+                hi16[p] = _mm256_add_epi16(hi16[p], _mm256_maddubs_epi16(pairs[p], vh));
+                lo16[p] = _mm256_add_epi16(lo16[p], _mm256_maddubs_epi16(pairs[p], vl));
+            }
+        }
+        for (int p = 0; p < 4; p++)
+            for (int half = 0; half < 2; half++) {
+                __m128i h = half ? _mm256_extracti128_si256(hi16[p], 1) : _mm256_castsi256_si128(hi16[p]);
+                __m128i l = half ? _mm256_extracti128_si256(lo16[p], 1) : _mm256_castsi256_si128(lo16[p]);
+                __m256i v = _mm256_add_epi32(_mm256_slli_epi32(_mm256_cvtepi16_epi32(h), 8), _mm256_cvtepi16_epi32(l));
+                __m256i *out = (__m256i *)(dots + first_row[2 * p + half]);
+                _mm256_storeu_si256(out, _mm256_add_epi32(_mm256_loadu_si256(out), v));
+            }
+    }
+}
+#endif
+
 /* each batch size its own instance: a constant m keeps the accumulators in registers */
 static void i4_dots_batch(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0, int32_t dots[][I4_ROWS]) {
     switch (m) {
@@ -98,6 +138,10 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
         i4_dots_batch(w, group, m, act, ka0, dots);
         return;
     }
+#ifndef __AVXVNNI__
+    i4_dots_bytes(w, group, act, ka0, dots[0]);
+    return;
+#endif
     /* bytes [16h, 16h + 16) hold rows 16h.. (low nibbles) and 32 + 16h.. (high): 4 x 8 rows */
     for (int h = 0; h < 2; h++) {
         __m256i acc[I4_TILE][4];

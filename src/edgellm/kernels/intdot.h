@@ -27,6 +27,26 @@ typedef struct {
 /* Bytes of scratch quantize_act needs for k activations. */
 static inline int64_t act_bytes(int64_t k, int64_t group) { return 4 * k + 8 * (k / group) + 64; }
 
+/* q = 256 hi + lo with hi, lo in [-128, 127], for the byte-wise dot products (NEON sdot, AVX2
+   vpmaddubsw): |q| <= ACT_MAX makes the split exact. */
+static inline void split_bytes(const int16_t *q, int64_t k, int8_t *hi, int8_t *lo) {
+    int64_t i = 0;
+#if EDGELLM_AVX2
+    for (; i + 16 <= k; i += 16) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(q + i));
+        __m256i h = _mm256_srai_epi16(_mm256_add_epi16(v, _mm256_set1_epi16(128)), 8);
+        __m256i l = _mm256_sub_epi16(v, _mm256_slli_epi16(h, 8));
+        _mm_storeu_si128((__m128i *)(hi + i), _mm_packs_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+        _mm_storeu_si128((__m128i *)(lo + i), _mm_packs_epi16(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1)));
+    }
+#endif
+    for (; i < k; i++) {
+        int h = (q[i] + 128) >> 8;
+        hi[i] = (int8_t)h;
+        lo[i] = (int8_t)(q[i] - 256 * h);
+    }
+}
+
 static inline Act quantize_act(const float *x, int64_t k, int64_t group, uint8_t *mem) {
     int16_t *q = (int16_t *)mem;
     int8_t *hi = (int8_t *)(q + k), *lo = hi + k;
@@ -46,12 +66,8 @@ static inline Act quantize_act(const float *x, int64_t k, int64_t group, uint8_t
         dx[g] = d;
         sum[g] = vf_sum(s);
     }
-#if EDGELLM_NEON
-    for (int64_t i = 0; i < k; i++) {
-        int h = (q[i] + 128) >> 8;
-        hi[i] = (int8_t)h;
-        lo[i] = (int8_t)(q[i] - 256 * h);
-    }
+#if EDGELLM_NEON || (EDGELLM_AVX2 && !defined(__AVXVNNI__))
+    split_bytes(q, k, hi, lo);
 #endif
     Act a = {q, hi, lo, dx, sum};
     return a;
