@@ -16,3 +16,5 @@ def test_rss_does_not_depend_on_configured_context_and_kv_grows_by_blocks(smollm
     # same RSS whether the maximum is 512 or 8192 tokens (within one block + allocator noise)
     assert abs(l100["rss_bytes"] - s100["rss_bytes"]) <= block + 3 * MiB
     assert abs(l10["rss_bytes"] - s10["rss_bytes"]) <= block + 3 * MiB
+    # each point also times decode after that context with that KV precision
+    assert all(p["decode_tokens_per_s"] > 0 for p in (s10, s100, l10, l100))

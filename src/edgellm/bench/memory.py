@@ -14,11 +14,13 @@ from edgellm.memory import rss_bytes, trim
 
 CONTEXTS = (10, 100, 512, 1024, 2048, 4096)
 PRECISIONS = ("f32", "bf16", "int8", "int4")
+DECODE_TOKENS = 32  # generated after each context to time decode against that KV precision
 
 
 def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_length: int | None = None) -> dict:
     """In this process: RSS and KV bytes while one sequence holds each context length
-    (context_length: the configured maximum, which must not change any of it)."""
+    (context_length: the configured maximum, which must not change any of it), and the decode
+    speed of DECODE_TOKENS greedy tokens after that context."""
     import torch
 
     import edgellm
@@ -40,9 +42,11 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
         with torch.inference_mode():
             prefill(model.net, seq, bench_prompt(model.tokenizer, n))
         trim()
-        points.append(dict(tokens=n, rss_bytes=rss_bytes(), kv_bytes=seq.nbytes))
+        point = dict(tokens=n, rss_bytes=rss_bytes(), kv_bytes=seq.nbytes)
         seq.release()
         del seq
+        done = model.generate(bench_prompt(model.tokenizer, n), max_tokens=DECODE_TOKENS + 1, ignore_eos=True)
+        points.append(dict(point, decode_tokens_per_s=done.timings.decode_tokens_per_s))
     return dict(model=model_name, precision=precision, points=points)
 
 
@@ -67,14 +71,16 @@ def plot_memory(report: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (rss_ax, kv_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (rss_ax, kv_ax, speed_ax) = plt.subplots(1, 3, figsize=(17, 4.5))
     for curve in report["curves"]:
         xs = [p["tokens"] for p in curve["points"]]
         rss_ax.plot(xs, [p["rss_bytes"] / 2**20 for p in curve["points"]], "o-", label=curve["precision"])
         kv_ax.plot(xs, [p["kv_bytes"] / 2**20 for p in curve["points"]], "o-", label=curve["precision"])
+        speed_ax.plot(xs, [p["decode_tokens_per_s"] for p in curve["points"]], "o-", label=curve["precision"])
     rss_ax.set(title=f"{report['model']}: resident memory", xlabel="context tokens", ylabel="RSS (MiB)")
     kv_ax.set(title="KV cache held", xlabel="context tokens", ylabel="MiB")
-    for ax in (rss_ax, kv_ax):
+    speed_ax.set(title="decode speed", xlabel="context tokens", ylabel="tokens/s")
+    for ax in (rss_ax, kv_ax, speed_ax):
         ax.grid(alpha=0.3)
         ax.legend(title="KV precision")
     fig.tight_layout()
