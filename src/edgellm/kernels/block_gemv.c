@@ -115,10 +115,64 @@ static inline vf small_term(vf acc, wide32 w, float d, const Act *act, int64_t b
     return fma_dot_wide(acc, w, act, b * 32, s, s);
 }
 
+#if EDGELLM_AVX2
+/* The int32 dot products of four consecutive blocks with one activation row, summed per block:
+   lane j holds block j's. */
+static inline __m128i four_block_sums(const wide32 w[4], const Act *act, int64_t b) {
+    __m256i d[4];
+    for (int j = 0; j < 4; j++) {
+        const int16_t *q = act->q + (b + j) * 32;
+        d[j] = madd_acc(madd_acc(_mm256_setzero_si256(), w[j].lo, _mm256_loadu_si256((const __m256i *)q)),
+                        w[j].hi, _mm256_loadu_si256((const __m256i *)(q + 16)));
+    }
+    __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* out[i] = row . activation row i for blocks of 32 on AVX2: four blocks' sums are reduced together
+   and scaled by one 4-lane fma (d * dx for the four at once), instead of a scalar scale, a
+   broadcast and an 8-lane fma per block, a third of a block's instructions. Every m sums in the
+   same order (a sequence decoded in a batch gets the logits it gets alone). */
+ALWAYS_INLINE void small_row_dots(const uint8_t *row, int type, int64_t k, int m, const Act *act, float *out) {
+    int64_t bb = small_bytes(type), nblocks = k / 32, b = 0;
+    __m128 acc[MAX_M];
+    for (int i = 0; i < m; i++) acc[i] = _mm_setzero_ps();
+    for (; b + 3 < nblocks; b += 4) {
+        wide32 w[4];
+        uint16_t d[4] = {0x3C00, 0x3C00, 0x3C00, 0x3C00};  /* fp16 1.0: I8 scales come per row */
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *blk = row + (b + j) * bb;
+            w[j] = small_wide(blk, type);
+            if (type != BLOCK_I8) memcpy(&d[j], blk, 2);
+        }
+        __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d));
+        for (int i = 0; i < m; i++)
+            acc[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(four_block_sums(w, &act[i], b)),
+                                  _mm_mul_ps(dw, _mm_loadu_ps(act[i].dx + b)), acc[i]);
+    }
+    for (int i = 0; i < m; i++) {
+        __m128 h = _mm_add_ps(acc[i], _mm_movehl_ps(acc[i], acc[i]));
+        out[i] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+    for (; b < nblocks; b++) {
+        const uint8_t *blk = row + b * bb;
+        wide32 w = small_wide(blk, type);
+        float d = type == BLOCK_I8 ? 1.f : half_at(blk);
+        for (int i = 0; i < m; i++) out[i] += vf_sum(small_term(vf_zero(), w, d, &act[i], b));
+    }
+}
+#endif
+
 /* out[i] = row . activation row i, for one row of blocks. Blocks go four at a time into four
    accumulators per activation row, so the fma chains of consecutive blocks overlap; every m
    sums in the same order, so a sequence decoded in a batch gets the logits it gets alone. */
 ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, const Act *act, float *out) {
+#if EDGELLM_AVX2
+    if (small_type(type)) {
+        small_row_dots(row, type, k, m, act, out);
+        return;
+    }
+#endif
     if (small_type(type)) {
         int64_t bb = small_bytes(type), nblocks = k / 32, b = 0;
         vf acc[MAX_M][4];
