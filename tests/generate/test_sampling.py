@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from edgellm.errors import InvalidRequest
-from edgellm.generate.sampling import (Sampler, SamplingParams, apply_repetition_penalty, keep_min_p,
-                                       keep_top_k, keep_top_p)
+from edgellm.generate.sampling import (ARGMAX_ROW, Sampler, SamplingParams, apply_repetition_penalty, greedy,
+                                       keep_min_p, keep_top_k, keep_top_p)
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
 
@@ -40,6 +40,18 @@ def test_repetition_penalty_lowers_seen_tokens_both_signs():
 
 def test_greedy_is_argmax_and_ignores_seed():
     assert Sampler(SamplingParams(temperature=0))(LOGITS, []) == 4
+
+
+@pytest.mark.parametrize("n", [5, 49152, 262144, 128256, 3 * ARGMAX_ROW + 1])
+def test_greedy_picks_the_first_maximum_as_argmax_does(n):
+    gen = torch.Generator().manual_seed(n)
+    for trial in range(20):
+        logits = torch.randn(n, generator=gen)
+        if trial % 2:  # ties: the first of equal maxima wins, wherever they fall (the tail too)
+            spots = torch.randint(0, n, (3,), generator=gen)
+            logits[spots] = logits.max() + 1
+            logits[-1] = logits.max()
+        assert greedy(logits) == int(logits.argmax())
 
 
 def test_same_seed_same_samples_different_seed_differs():

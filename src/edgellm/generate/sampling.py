@@ -36,6 +36,26 @@ class SamplingParams:
                 raise InvalidRequest(message)
 
 
+ARGMAX_ROW = 2048  # logits per row of greedy()'s first pass
+
+
+def greedy(logits: torch.Tensor) -> int:
+    """int(logits.argmax()) of 1-D logits, the first maximum, in two passes: torch's 1-D argmax is
+    a scalar loop (~0.5 ms over Gemma's 262k logits, 2-5 % of a decode step), row maxima
+    vectorize (~25 us)."""
+    full = logits.shape[0] - logits.shape[0] % ARGMAX_ROW
+    if full < 2 * ARGMAX_ROW:
+        return int(logits.argmax())
+    rows = logits[:full].reshape(-1, ARGMAX_ROW)
+    row = int(rows.amax(1).argmax())
+    best = row * ARGMAX_ROW + int(rows[row].argmax())
+    if full < logits.shape[0]:
+        tail = full + int(logits[full:].argmax())
+        if logits[tail] > logits[best]:
+            best = tail
+    return best
+
+
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     # Positive logits shrink, negative ones grow: both make seen tokens less likely.
     picked = logits.gather(-1, seen)
@@ -84,7 +104,7 @@ class Sampler:
         if p.repetition_penalty != 1.0 and history:
             logits = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), p.repetition_penalty)
         if p.temperature == 0.0:
-            return int(logits.argmax())
+            return greedy(logits)
         logits = keep_min_p(keep_top_p(keep_top_k(logits / p.temperature, p.top_k), p.top_p), p.min_p)
         probs = logits.softmax(-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
