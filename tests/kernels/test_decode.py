@@ -10,6 +10,7 @@ import edgellm
 from edgellm import kernels
 from edgellm.kernels.decode import fused_step
 from edgellm.kv import BatchKV, KVConfig
+from edgellm.kv.codecs import CODECS
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (a C compiler)")
 
@@ -43,8 +44,8 @@ def _decode_logits(model, ids: list[int], steps: int, fused: bool,
 
 # Gemma's looser bound: PyTorch rounds the inputs of its dense linears, the C layer keeps fp32
 # (measured 0.1-0.7 % of the largest logit). 600 tokens: Gemma's 512-slot sliding rings wrap
-# around. The C layer stores and reads every KV precision but bf16; quantized KV is compared step
-# by step from the same cache (test_quantized_kv_step_from_the_same_cache).
+# around. bf16 and quantized KV are compared step by step from the same cache
+# (test_quantized_kv_step_from_the_same_cache).
 @pytest.mark.parametrize("name, repeats, tolerance, k, v", [
     ("smollm2_path", 6, 1e-3, "f16", "f16"), ("gemma3_path", 6, 1e-2, "f16", "f16"),
     ("gemma3_path", 60, 1e-2, "f16", "f16"), ("smollm2_path", 6, 1e-3, "f32", "f32"),
@@ -79,7 +80,8 @@ def _copy_state(dst, src) -> None:
 # worst steps: 0.13 % of the largest logit (INT8), 1.1-1.3 % (INT4).
 @pytest.mark.parametrize("name, tolerance, k, v", [
     ("smollm2_path", 5e-3, "int8", "int8"), ("smollm2_path", 3e-2, "int8", "int4"),
-    ("smollm2_path", 3e-2, "int4", "int4"), ("gemma3_path", 5e-3, "int8", "int8"), ("gemma3_path", 3e-2, "int8", "int4")])
+    ("smollm2_path", 3e-2, "int4", "int4"), ("gemma3_path", 5e-3, "int8", "int8"), ("gemma3_path", 3e-2, "int8", "int4"),
+    ("smollm2_path", 5e-3, "bf16", "bf16")])
 def test_quantized_kv_step_from_the_same_cache(name, tolerance, k, v, request):
     with edgellm.load(request.getfixturevalue(name), kv=KVConfig(k_precision=k, v_precision=v)) as model:
         net, ids = model.net, model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
@@ -102,13 +104,13 @@ def test_quantized_kv_step_from_the_same_cache(name, tolerance, k, v, request):
         fused_seq.release()
 
 
-def test_bf16_kv_keeps_the_pytorch_path(smollm2_path):
-    with edgellm.load(smollm2_path, kv=KVConfig(k_precision="bf16", v_precision="bf16")) as model:
-        seq, _ = model.kv.new_sequence()
-        assert fused_step(model.net, torch.tensor([[1]]), seq) is None  # bf16 KV: not ours
-        seq.release()
-        done = model.generate("Hello", max_tokens=4, ignore_eos=True)
-        assert len(done.token_ids) == 4
+def test_every_kv_precision_runs_natively(smollm2_path):
+    for precision in CODECS:
+        with edgellm.load(smollm2_path, kv=KVConfig(k_precision=precision, v_precision=precision)) as model:
+            seq, _ = model.kv.new_sequence()
+            seq.prepare(1)
+            assert fused_step(model.net, torch.tensor([[1]]), seq) is not None, precision
+            seq.release()
 
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a village by the sea, there lived",

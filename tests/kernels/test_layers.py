@@ -23,7 +23,7 @@ from tests.quant import reference
 
 HIDDEN, HEADS, KV_HEADS, DIM, INTER, CAPACITY = 128, 4, 2, 32, 256, 24
 EPS = 1e-5
-CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3}
+CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3, "bf16": 4}
 
 
 # fp16 block scales that keep random weights of order 0.05, so activations stay of order 1
@@ -146,7 +146,8 @@ def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], p
 
 @pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma3"])
 @pytest.mark.parametrize("k, v, ring", [("f16", "f16", False), ("f32", "f32", True), ("int8", "int8", False),
-                                        ("int8", "int4", True), ("int4", "int4", False)])
+                                        ("int8", "int4", True), ("int4", "int4", False),
+                                        ("bf16", "bf16", True)])
 def test_decoder_layer_matches_fp64(lib, gemma, k, v, ring):
     layer = _Layer(gemma)
     g = torch.Generator().manual_seed(7)

@@ -25,7 +25,7 @@ _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 MAX_SEQS = 8  # layer_ops.h
 _WEIGHT_INT4, _WEIGHT_BF16, _WEIGHT_F32 = -1, -2, -3  # else a ggml block type read in place (layer_ops.h)
 _MAX_PARTS = 3
-_KV_F32, _KV_F16, _KV_INT8, _KV_INT4 = 0, 1, 2, 3  # kv_codec.h
+_KV_F32, _KV_F16, _KV_INT8, _KV_INT4, _KV_BF16 = 0, 1, 2, 3, 4  # layer_types.h
 
 
 class _WeightPart(ctypes.Structure):
@@ -194,7 +194,7 @@ def _slots(cache, pos: int) -> _KVSlots:
 
 def _codec_code(codec) -> int | None:
     if isinstance(codec, FloatCodec):
-        return {torch.float32: _KV_F32, torch.float16: _KV_F16}.get(codec.dtype)
+        return {torch.float32: _KV_F32, torch.float16: _KV_F16, torch.bfloat16: _KV_BF16}.get(codec.dtype)
     if isinstance(codec, Int8Codec):
         return _KV_INT8
     return _KV_INT4 if isinstance(codec, Int4Codec) else None

@@ -121,6 +121,7 @@ static inline float chunk_softmax(float *s, int64_t len, float *total) {
 #define BY_CODEC(codec, call_with)                                      \
     switch (codec) {                                                    \
     case KV_F16: call_with(KV_F16); break;                              \
+    case KV_BF16: call_with(KV_BF16); break;                            \
     case KV_INT8: call_with(KV_INT8); break;                            \
     case KV_INT4: call_with(KV_INT4); break;                            \
     default: call_with(KV_F32);                                         \

@@ -11,6 +11,7 @@
 ALWAYS_INLINE vf kv_load(const KVStore *s, int64_t row, int64_t d, int64_t i) {
     switch (s->codec) {
     case KV_F16: return vf_load_f16((const uint16_t *)s->q + row * d + i);
+    case KV_BF16: return vf_load_bf16((const uint16_t *)s->q + row * d + i);
     case KV_INT8: {
         float scale = f16_to_f32(s->scale[row * (d / KV_INT8_GROUP) + i / KV_INT8_GROUP]);
         return vf_mul(vf_load_i8((const int8_t *)s->q + row * d + i), vf_set1(scale));
@@ -30,6 +31,8 @@ static inline void kv_encode(const KVStore *s, int64_t row, const float *x, int6
         memcpy((float *)s->q + row * d, x, (size_t)d * sizeof(float));
     } else if (s->codec == KV_F16) {
         for (int64_t j = 0; j < d; j += VL) vf_store_f16((uint16_t *)s->q + row * d + j, vf_load(x + j));
+    } else if (s->codec == KV_BF16) {
+        for (int64_t j = 0; j < d; j += VL) vf_store_bf16((uint16_t *)s->q + row * d + j, vf_load(x + j));
     } else if (s->codec == KV_INT8) {
         int8_t *q = (int8_t *)s->q + row * d;
         for (int64_t g = 0; g < d / KV_INT8_GROUP; g++) {

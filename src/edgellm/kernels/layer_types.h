@@ -24,11 +24,11 @@ typedef struct {
 } Projection;
 
 /* Keys or values in one of kv/codecs.py's codecs (kv_codec.h reads and writes them):
-     KV_F32, KV_F16   q = (H, capacity, D) floats
+     KV_F32, KV_F16, KV_BF16   q = (H, capacity, D) floats
      KV_INT8          q int8 (H, capacity, D), fp16 scale per 16 values: x = q * scale
      KV_INT4          q (H, capacity, D / 2) two values a byte (element 2j low nibble of byte j),
                       fp16 scale and min per 32 values: x = q * scale + min */
-enum { KV_F32 = 0, KV_F16 = 1, KV_INT8 = 2, KV_INT4 = 3 };
+enum { KV_F32 = 0, KV_F16 = 1, KV_INT8 = 2, KV_INT4 = 3, KV_BF16 = 4 };
 typedef struct {
     void *q;
     uint16_t *scale, *min;
