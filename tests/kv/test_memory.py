@@ -2,7 +2,7 @@
 Each measurement runs in a fresh process (bench.memory_report)."""
 from __future__ import annotations
 
-from edgellm.bench.memory import memory_report
+from edgellm.bench.memory import kv_decode_speed, memory_report
 
 MiB = 2**20
 
@@ -18,3 +18,10 @@ def test_rss_does_not_depend_on_configured_context_and_kv_grows_by_blocks(smollm
     assert abs(l10["rss_bytes"] - s10["rss_bytes"]) <= block + 3 * MiB
     # each point also times decode after that context with that KV precision
     assert all(p["decode_tokens_per_s"] > 0 for p in (s10, s100, l10, l100))
+
+
+def test_kv_decode_speed_reports_each_precision_against_the_first(smollm2_path):
+    report = kv_decode_speed(str(smollm2_path), precisions=("f16", "int8"), contexts=(40,), tokens=4, rounds=1)
+    (point,) = report["points"]
+    assert point["tokens"] == 40 and point["ratio"]["f16"] == 1.0
+    assert point["decode_tokens_per_s"]["int8"] > 0 and point["ratio"]["int8"] > 0

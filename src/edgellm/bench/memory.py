@@ -88,6 +88,35 @@ def plot_memory(report: dict, path) -> None:
     plt.close(fig)
 
 
+def kv_decode_speed(model_name: str, precisions=("f16", "int8", "int4"), contexts=(128, 1024, 4096),
+                    tokens: int = DECODE_TOKENS, rounds: int = 7) -> dict:
+    """Decode tok/s after each context for each KV precision, the precisions taking turns in one
+    process so that the machine's drift hits all alike: medians of `rounds`, and the median of
+    each round's ratio to the first precision. The prompt's KV comes from the prefix cache after
+    the first round, so a round costs its decode only."""
+    import statistics
+
+    import edgellm
+    from edgellm.kv import KVConfig
+
+    models = {p: edgellm.load(model_name, kv=KVConfig(k_precision=p, v_precision=p, prefix_cache_bytes=256 * 2**20))
+              for p in precisions}
+    points = []
+    for n in contexts:
+        prompt = bench_prompt(models[precisions[0]].tokenizer, n)
+        speeds = {p: [] for p in precisions}
+        for _ in range(rounds + 1):  # the first round fills the prefix caches
+            for p, model in models.items():
+                done = model.generate(prompt, max_tokens=tokens + 1, ignore_eos=True)
+                speeds[p].append(done.timings.decode_tokens_per_s)
+        base = speeds[precisions[0]][1:]
+        points.append(dict(tokens=n, decode_tokens_per_s={p: statistics.median(v[1:]) for p, v in speeds.items()},
+                           ratio={p: statistics.median(a / b for a, b in zip(v[1:], base)) for p, v in speeds.items()}))
+    for model in models.values():
+        model.close()
+    return dict(model=model_name, precisions=list(precisions), decode_tokens=tokens, rounds=rounds, points=points)
+
+
 def prefix_ttft(model_name: str, prefix_tokens: int = 1000, repeat: int = 3) -> dict:
     """TTFT of a request whose 1,000-token prefix is new, then of ones that share it."""
     import edgellm

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", action="store_true", help="print where decode time goes, per op type")
     bench.add_argument("--memory", action="store_true",
                        help="RSS and KV bytes against context length for each KV precision (--plot for a PNG)")
+    bench.add_argument("--kv-speed", action="store_true",
+                       help="decode tok/s per KV precision (f16, int8, int4) against context, taking turns in one process")
     bench.add_argument("--prefix", action="store_true", help="TTFT with and without a cached 1,000-token prefix")
     bench.add_argument("--soak", type=int, default=0, metavar="TOKENS",
                        help="stream this many tokens through the sliding window, sampling RSS")

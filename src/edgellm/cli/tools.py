@@ -52,7 +52,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         resolve_model(model)
     if args.profile:
         return _profile(models[0], args)
-    if args.memory or args.prefix or args.soak or args.serving:
+    if args.memory or args.kv_speed or args.prefix or args.soak or args.serving:
         return _bench_memory(models[0], args)
     config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,
                          gen_tokens=args.gen_tokens, repeat=args.repeat, rounds=args.rounds, mode=args.mode,
@@ -97,6 +97,8 @@ def _bench_memory(model_name: str, args: argparse.Namespace) -> int:
         if args.plot:
             memory.plot_memory(report, args.plot)
             print(f"plot written to {args.plot}", file=sys.stderr)
+    elif args.kv_speed:
+        report = memory.kv_decode_speed(model_name)
     elif args.prefix:
         report = memory.prefix_ttft(model_name)
     else:
