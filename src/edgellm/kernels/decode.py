@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 
 import torch
 
@@ -105,6 +106,9 @@ class FusedDecoder:
         widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
         self.work = torch.empty(self.lib.edgellm_block_gemv_work(MAX_SEQS, widest), dtype=torch.uint8)
         self.max_len = max_len
+        # per cache: whether the C layers read it, and its KVSlots with the tensors they point into
+        # (rebuilt only when a store grows: rebuilding ~30 per sequence every step cost ~1 ms)
+        self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @classmethod
     def build(cls, net, max_len: int) -> FusedDecoder | None:
@@ -138,7 +142,7 @@ class FusedDecoder:
         per_seq = _sequence_layers(caches)
         if per_seq is None or tokens.shape != (len(per_seq), 1) or len(per_seq) > MAX_SEQS:
             return None
-        if not all(all(_native_cache(c) for c in layers) for layers in per_seq):
+        if not all(all(self._view(c).native for c in layers) for layers in per_seq):
             return None
         pos = [layers[0].offset for layers in per_seq]
         if any(p >= self.max_len or any(c.offset != p for c in layers) for p, layers in zip(pos, per_seq)):
@@ -153,13 +157,27 @@ class FusedDecoder:
         threads, buf, work = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
         for i, (desc, block) in enumerate(zip(self.layers, self.net.blocks)):
             cos, sin = ropes[getattr(block, "sliding", False)]
-            slots = (_KVSlots * m)(*(_slots(layers[i], p) for layers, p in zip(per_seq, pos)))
+            slots = (_KVSlots * m)(*(self._slots(layers[i], p) for layers, p in zip(per_seq, pos)))
             with kernels.profiled("edgellm::decode_layer"):
                 self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), ctypes.c_int(m), _p(cos.data_ptr()),
                                _p(sin.data_ptr()), slots, positions, buf, work, ctypes.c_int(threads))
             for layers, p in zip(per_seq, pos):
                 layers[i].offset = p + 1
         return self.net.lm_head(self.net.norm(x.view(m, 1, -1))).float()
+
+    def _view(self, cache) -> _CacheView:
+        view = self._views.get(cache)
+        if view is None:
+            view = self._views[cache] = _CacheView(_native_cache(cache))
+        return view
+
+    def _slots(self, cache, pos: int) -> _KVSlots:
+        if not isinstance(cache, RingCache):
+            cache.reserve(pos + 1)  # already done by SequenceKV.prepare; not by callers passing bare caches
+        view, held = self._view(cache), _tensors(cache)
+        if len(held) != len(view.held) or any(ref() is not t for ref, t in zip(view.held, held)):
+            view.held, view.slots = tuple(weakref.ref(t) for t in held), _slots(cache)
+        return view.slots
 
     def _ropes(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
         """(cos, sin) (B, D) of each sequence's position, keyed by 'sliding layer?' (Gemma's two RoPE bases)."""
@@ -185,10 +203,23 @@ def _store(store) -> _KVStore:
                     None if low is None else low.data_ptr(), _codec_code(store.codec))
 
 
-def _slots(cache, pos: int) -> _KVSlots:
+class _CacheView:
+    """What the decoder knows of one layer cache."""
+
+    def __init__(self, native: bool):
+        self.native = native
+        self.held: tuple = ()  # weak references to the tensors `slots` points into (a grown store has new ones)
+        self.slots: _KVSlots | None = None
+
+
+def _tensors(cache) -> tuple:
+    ring = (cache.positions,) if isinstance(cache, RingCache) else ()
+    return (*cache.k.parts.values(), *cache.v.parts.values(), *ring)
+
+
+def _slots(cache) -> _KVSlots:
     if isinstance(cache, RingCache):
         return _KVSlots(_store(cache.k), _store(cache.v), cache.window, cache.positions.data_ptr())
-    cache.reserve(pos + 1)  # already done by SequenceKV.prepare; not by callers passing bare caches
     return _KVSlots(_store(cache.k), _store(cache.v), cache.k.capacity, None)
 
 
