@@ -76,11 +76,14 @@ def _copy_state(dst, src) -> None:
 # Quantized KV: both paths write the same bytes for the same vector (test_prompt_kernels.py), but a
 # key that differs in its last float bit can round to the next integer level, and over many steps
 # such flips add up (INT4 keys move logits by ~9 % of the largest on the PyTorch path alone when the
-# prompt is merely chunked differently). So each step starts both paths from the same cache; measured
-# worst steps: 0.13 % of the largest logit (INT8), 1.1-1.3 % (INT4).
+# prompt is merely chunked differently). So each step starts both paths from the same cache. Even
+# then the new token's own INT4 key can flip a level: one flip moved the largest logit by 1-8 %
+# depending on the BLAS's rounding of the prompt (MKL at AVX2 vs AVX-512 width), while the
+# distributions stayed within KL 2e-3. So INT4 is held to KL, the others to the largest logit
+# (measured worst: 0.2 % INT8, 0.65 % INT8 keys with INT4 values).
 @pytest.mark.parametrize("name, tolerance, k, v", [
     ("smollm2_path", 5e-3, "int8", "int8"), ("smollm2_path", 3e-2, "int8", "int4"),
-    ("smollm2_path", 3e-2, "int4", "int4"), ("gemma3_path", 5e-3, "int8", "int8"), ("gemma3_path", 3e-2, "int8", "int4"),
+    ("smollm2_path", None, "int4", "int4"), ("gemma3_path", 5e-3, "int8", "int8"), ("gemma3_path", 3e-2, "int8", "int4"),
     ("smollm2_path", 5e-3, "bf16", "bf16")])
 def test_quantized_kv_step_from_the_same_cache(name, tolerance, k, v, request):
     with edgellm.load(request.getfixturevalue(name), kv=KVConfig(k_precision=k, v_precision=v)) as model:
@@ -97,8 +100,12 @@ def test_quantized_kv_step_from_the_same_cache(name, tolerance, k, v, request):
                 plain = net(torch.tensor([[token]]), plain_seq, last_only=True)[0, -1]
                 net.__dict__.pop("_fused")
                 fused = fused_step(net, torch.tensor([[token]]), fused_seq)[0, -1]
-                difference = (fused - plain).abs().max()
-                assert difference < tolerance * plain.abs().max()
+                if tolerance is None:
+                    kl = torch.nn.functional.kl_div(fused.log_softmax(-1), plain.log_softmax(-1), log_target=True,
+                                                    reduction="sum")
+                    assert kl < 1e-2
+                else:
+                    assert (fused - plain).abs().max() < tolerance * plain.abs().max()
                 token = int(plain.argmax())
         plain_seq.release()
         fused_seq.release()
