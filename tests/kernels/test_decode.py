@@ -78,9 +78,11 @@ def _copy_state(dst, src) -> None:
 # such flips add up (INT4 keys move logits by ~9 % of the largest on the PyTorch path alone when the
 # prompt is merely chunked differently). So each step starts both paths from the same cache. Even
 # then the new token's own INT4 key can flip a level: one flip moved the largest logit by 1-8 %
-# depending on the BLAS's rounding of the prompt (MKL at AVX2 vs AVX-512 width), while the
-# distributions stayed within KL 2e-3. So INT4 is held to KL, the others to the largest logit
-# (measured worst: 0.2 % INT8, 0.65 % INT8 keys with INT4 values).
+# depending on the BLAS's rounding of the prompt (MKL at AVX2 vs AVX-512 width) and the KL up to
+# 0.022 — INT4 KV's own error against bf16 KV is KL 0.039 (docs/memory.md). So INT4 is held to
+# KL < 0.05 (a misread cache gives KL of order 1; test_layers.py checks INT4 attention exactly
+# against fp64), the others to the largest logit (measured worst: 0.2 % INT8, 0.8 % INT8 keys
+# with INT4 values).
 @pytest.mark.parametrize("name, tolerance, k, v", [
     ("smollm2_path", 5e-3, "int8", "int8"), ("smollm2_path", 3e-2, "int8", "int4"),
     ("smollm2_path", None, "int4", "int4"), ("gemma3_path", 5e-3, "int8", "int8"), ("gemma3_path", 3e-2, "int8", "int4"),
@@ -103,7 +105,7 @@ def test_quantized_kv_step_from_the_same_cache(name, tolerance, k, v, request):
                 if tolerance is None:
                     kl = torch.nn.functional.kl_div(fused.log_softmax(-1), plain.log_softmax(-1), log_target=True,
                                                     reduction="sum")
-                    assert kl < 1e-2
+                    assert kl < 5e-2
                 else:
                     assert (fused - plain).abs().max() < tolerance * plain.abs().max()
                 token = int(plain.argmax())

@@ -58,7 +58,9 @@ def test_prompt_gemm_in_scratch_chunks_equals_one_gemm(monkeypatch):
     x = torch.randn(40, 128)
     one_gemm = lin(x)
     monkeypatch.setattr(kernels, "SCRATCH_ROWS", 64)  # a big layer: unpacked and multiplied 64 rows at a time
-    torch.testing.assert_close(lin(x), one_gemm)
+    # the same products; only the BLAS's summation order may differ with N (MKL's fp32 at AVX2
+    # width: 1e-4 of the output)
+    torch.testing.assert_close(lin(x), one_gemm, rtol=0, atol=1e-3 * float(one_gemm.abs().max()))
 
 
 @needs_kernels
