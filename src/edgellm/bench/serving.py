@@ -2,6 +2,7 @@
 mode (continuous batching) against latency mode (one at a time)."""
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -25,11 +26,10 @@ def throughput(model_name: str = "smollm2-135m", streams=(1, 2, 4), tokens: int 
     for key, measured in runs.items():
         mode, n = key.split("/")
         single = runs[f"{mode}/{streams[0]}"]
-        speed = sorted(r["aggregate_tok_s"] for r in measured)
-        ratios = sorted(r["aggregate_tok_s"] / s["aggregate_tok_s"] for r, s in zip(measured, single))
         results[key] = dict(streams=int(n), tokens=measured[0]["tokens"], rounds=rounds,
-                            aggregate_tok_s=speed[len(speed) // 2],
-                            vs_one_stream=round(ratios[len(ratios) // 2], 2))
+                            aggregate_tok_s=statistics.median(r["aggregate_tok_s"] for r in measured),
+                            vs_one_stream=round(statistics.median(r["aggregate_tok_s"] / s["aggregate_tok_s"]
+                                                                  for r, s in zip(measured, single)), 2))
     return results
 
 

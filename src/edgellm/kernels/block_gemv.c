@@ -15,8 +15,9 @@
          qh bits 0-1), 32-63 (bits 2-3), 64-95 (high nibbles, bits 4-5), 96-127 (bits 6-7))
    I8:   edgellm's INT8 scheme (quant/schemes.py; ggml's number for int8): rows of K int8 with one
          bf16 scale per row in `row_scale`;                             w = scale * q
-   Each 32 weights become a w32 of int8 (intdot.h) and meet the int16 activations in one
-   fma_dot32, which ends with one float fma by d * dx. */
+   Each 32 weights become a w32 of int8, widened once to the dot product's form (intdot.h), and
+   meet the int16 activations in fma_dot_wide, which ends with one float fma by d * dx (AVX2
+   scales four blocks per fma instead: small_row_dots). */
 #include "intdot.h"
 
 #define MAX_M 8
@@ -60,6 +61,9 @@ static inline w32 small_block(const uint8_t *b, int type) {
 static inline wide32 small_wide(const uint8_t *b, int type) {
     return type == BLOCK_Q5_0 ? q5_0_wide(b) : widen(small_block(b, type));
 }
+
+/* A small block's scale d (I8: 1, its row's scale is applied by the caller). */
+static inline float small_scale(const uint8_t *b, int type) { return type == BLOCK_I8 ? 1.f : half_at(b); }
 
 /* The four 32-weight chunks of one Q6_K half (ql: 64 bytes, qh: 32), as int8 q - 32. */
 static inline void q6_k_half(const uint8_t *ql, const uint8_t *qh, w32 q[4]) {
@@ -157,40 +161,39 @@ ALWAYS_INLINE void small_row_dots(const uint8_t *row, int type, int64_t k, int m
     for (; b < nblocks; b++) {
         const uint8_t *blk = row + b * bb;
         wide32 w = small_wide(blk, type);
-        float d = type == BLOCK_I8 ? 1.f : half_at(blk);
+        float d = small_scale(blk, type);
         for (int i = 0; i < m; i++) out[i] += vf_sum(small_term(vf_zero(), w, d, &act[i], b));
     }
 }
+#else
+/* out[i] = row . activation row i for blocks of 32. Blocks go four at a time into four
+   accumulators per activation row, so the fma chains of consecutive blocks overlap; every m sums
+   in the same order (a sequence decoded in a batch gets the logits it gets alone). */
+ALWAYS_INLINE void small_row_dots(const uint8_t *row, int type, int64_t k, int m, const Act *act, float *out) {
+    int64_t bb = small_bytes(type), nblocks = k / 32, b = 0;
+    vf acc[MAX_M][4];
+    for (int i = 0; i < m; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = vf_zero();
+    for (; b + 3 < nblocks; b += 4)
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *blk = row + (b + j) * bb;
+            wide32 w = small_wide(blk, type);  /* once for every activation row */
+            float d = small_scale(blk, type);
+            for (int i = 0; i < m; i++) acc[i][j] = small_term(acc[i][j], w, d, &act[i], b + j);
+        }
+    for (; b < nblocks; b++) {
+        const uint8_t *blk = row + b * bb;
+        wide32 w = small_wide(blk, type);
+        float d = small_scale(blk, type);
+        for (int i = 0; i < m; i++) acc[i][0] = small_term(acc[i][0], w, d, &act[i], b);
+    }
+    for (int i = 0; i < m; i++) out[i] = vf_sum(vf_add(vf_add(acc[i][0], acc[i][1]), vf_add(acc[i][2], acc[i][3])));
+}
 #endif
 
-/* out[i] = row . activation row i, for one row of blocks. Blocks go four at a time into four
-   accumulators per activation row, so the fma chains of consecutive blocks overlap; every m
-   sums in the same order, so a sequence decoded in a batch gets the logits it gets alone. */
+/* out[i] = row . activation row i, for one row of blocks; every m sums in the same order. */
 ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, const Act *act, float *out) {
-#if EDGELLM_AVX2
     if (small_type(type)) {
         small_row_dots(row, type, k, m, act, out);
-        return;
-    }
-#endif
-    if (small_type(type)) {
-        int64_t bb = small_bytes(type), nblocks = k / 32, b = 0;
-        vf acc[MAX_M][4];
-        for (int i = 0; i < m; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = vf_zero();
-        for (; b + 3 < nblocks; b += 4)
-            for (int j = 0; j < 4; j++) {
-                const uint8_t *blk = row + (b + j) * bb;
-                wide32 w = small_wide(blk, type);  /* once for every activation row */
-                float d = type == BLOCK_I8 ? 1.f : half_at(blk);
-                for (int i = 0; i < m; i++) acc[i][j] = small_term(acc[i][j], w, d, &act[i], b + j);
-            }
-        for (; b < nblocks; b++) {
-            const uint8_t *blk = row + b * bb;
-            wide32 w = small_wide(blk, type);
-            float d = type == BLOCK_I8 ? 1.f : half_at(blk);
-            for (int i = 0; i < m; i++) acc[i][0] = small_term(acc[i][0], w, d, &act[i], b);
-        }
-        for (int i = 0; i < m; i++) out[i] = vf_sum(vf_add(vf_add(acc[i][0], acc[i][1]), vf_add(acc[i][2], acc[i][3])));
         return;
     }
     vf acc[MAX_M];

@@ -140,14 +140,13 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
     }
 #ifndef __AVXVNNI__
     i4_dots_bytes(w, group, act, ka0, dots[0]);
-    return;
-#endif
-    /* bytes [16h, 16h + 16) hold rows 16h.. (low nibbles) and 32 + 16h.. (high): 4 x 8 rows */
+#else
+    /* one row with AVX-VNNI: bytes [16h, 16h + 16) hold rows 16h.. (low nibbles) and 32 + 16h..
+       (high): 4 x 8 rows */
+    const __m256i low4 = _mm256_set1_epi32(15);
     for (int h = 0; h < 2; h++) {
-        __m256i acc[I4_TILE][4];
-        for (int i = 0; i < m; i++)
-            for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_si256();
-        const __m256i low4 = _mm256_set1_epi32(15);
+        __m256i acc[4];
+        for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_si256();
         for (int64_t kk = 0; kk < group; kk += 2) {
             const uint8_t *a = w + kk * 32 + 16 * h, *b = a + 32;
             __m256i wq[4];
@@ -157,21 +156,18 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
                 wq[c] = _mm256_or_si256(_mm256_and_si256(ua, low4), _mm256_slli_epi32(_mm256_and_si256(ub, low4), 16));
                 wq[c + 2] = _mm256_or_si256(_mm256_srli_epi32(ua, 4), _mm256_slli_epi32(_mm256_srli_epi32(ub, 4), 16));
             }
-            for (int i = 0; i < m; i++) {
-                int32_t pair;
-                memcpy(&pair, act[i].q + ka0 + kk, 4);
-                __m256i xp = _mm256_set1_epi32(pair);
-                for (int r = 0; r < 4; r++) acc[i][r] = madd_acc(acc[i][r], wq[r], xp);
-            }
+            int32_t pair;
+            memcpy(&pair, act->q + ka0 + kk, 4);
+            __m256i xp = _mm256_set1_epi32(pair);
+            for (int r = 0; r < 4; r++) acc[r] = madd_acc(acc[r], wq[r], xp);
         }
         /* wq[0..1]: rows 16h + 0..15; wq[2..3]: rows 32 + 16h + 0..15 */
-        for (int i = 0; i < m; i++) {
-            _mm256_storeu_si256((__m256i *)(dots[i] + 16 * h), acc[i][0]);
-            _mm256_storeu_si256((__m256i *)(dots[i] + 16 * h + 8), acc[i][1]);
-            _mm256_storeu_si256((__m256i *)(dots[i] + 32 + 16 * h), acc[i][2]);
-            _mm256_storeu_si256((__m256i *)(dots[i] + 32 + 16 * h + 8), acc[i][3]);
-        }
+        _mm256_storeu_si256((__m256i *)(dots[0] + 16 * h), acc[0]);
+        _mm256_storeu_si256((__m256i *)(dots[0] + 16 * h + 8), acc[1]);
+        _mm256_storeu_si256((__m256i *)(dots[0] + 32 + 16 * h), acc[2]);
+        _mm256_storeu_si256((__m256i *)(dots[0] + 32 + 16 * h + 8), acc[3]);
     }
+#endif
 #elif EDGELLM_NEON
     /* 16 rows at a time (bytes [16h, 16h + 16), low or high nibbles); 4 k's at a time, transposed so
        each 32-bit lane holds one row's 4 consecutive k's for sdot. */

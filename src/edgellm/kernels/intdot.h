@@ -280,9 +280,4 @@ static inline vf fma_dot_wide(vf acc, wide32 w, const Act *a, int64_t k, float s
     return acc + s0 * (float)d0 + s1 * (float)d1;
 #endif
 }
-
-/* acc + s * (partial sums of w[j] * q[k + j]), j < 32 */
-static inline vf fma_dot32(vf acc, w32 w, const Act *a, int64_t k, float s) {
-    return fma_dot_wide(acc, widen(w), a, k, s, s);
-}
 #endif
