@@ -26,7 +26,7 @@ def test_user_profile_file(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [("threads = \n", "TOML"), ("speed = 3\n", "unknown settings"),
-                                           ('mode = "turbo"\n', "mode"), ("queue_limit = -1\n", "queue_limit")])
+                                           ("max_batch = 0\n", "max_batch"), ("queue_limit = -1\n", "queue_limit")])
 def test_bad_profiles_are_rejected(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)

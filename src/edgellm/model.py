@@ -73,6 +73,7 @@ class Model:
         # The salt keeps cached prefixes of one model file from ever serving another.
         salt = f"{self.info.name}|{self.info.file_bytes}|{mode}"
         self.kv = KVManager(self.net.cache_specs(), kv or KVConfig.for_mode(mode), self.context_length, salt=salt)
+        self._message_overhead: int | None = None
 
     # -- generation ----------------------------------------------------------------------
 
@@ -93,13 +94,22 @@ class Model:
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
         return stream_generate(self.net, ids, _params(sampling), **self._options())
 
-    def generation(self, prompt, *, chat: bool = False, **sampling: Any) -> Generation:
-        """A step-wise generation (prefill / accept) for engines that batch decode steps."""
+    def generation(self, prompt, *, chat: bool = False, kv: str | None = None, **sampling: Any) -> Generation:
+        """A step-wise generation (prefill / accept) for engines that batch decode steps;
+        `kv` picks this request's KV precision ("int8", "f16:int4"; default the model's),
+        served from the model's one block pool and budget."""
         ids = self.template.encode_chat(prompt) if chat else self._ids(prompt)
-        return Generation(self.net, ids, _params(sampling), **self._options())
+        return Generation(self.net, ids, _params(sampling), **self._options(kv))
 
-    def _options(self) -> dict[str, Any]:
-        return dict(token_bytes=self.tokenizer.token_bytes, eos_ids=self.tokenizer.eos_ids, kv=self.kv,
+    def kv_for(self, precision: str | None = None) -> KVManager:
+        """The KV manager of a precision ("int8", "f16:int4"; None: the model's default)."""
+        if precision is None:
+            return self.kv
+        k, _, v = precision.partition(":")
+        return self.kv.for_precision(k, v or k)
+
+    def _options(self, kv: str | None = None) -> dict[str, Any]:
+        return dict(token_bytes=self.tokenizer.token_bytes, eos_ids=self.tokenizer.eos_ids, kv=self.kv_for(kv),
                     context_length=self.context_length)
 
     def logits(self, ids: Sequence[int], kv: KVConfig | None = None) -> torch.Tensor:
@@ -118,7 +128,7 @@ class Model:
 
     def save_prefix(self, prompt: str | Sequence[int] | Sequence[Message], path: str | Path) -> int:
         """Compute a prompt's KV (a system prompt, a document) and save it; returns the
-        number of tokens saved (whole blocks). Needs KVConfig.prefix_cache_bytes > 0."""
+        number of tokens saved (whole blocks). Needs the prefix cache (on unless prefix_cache_bytes=0)."""
         ids = self._ids(prompt)
         last_completion(self._stream_ids(ids, {"max_tokens": 0}))  # prefill; finished blocks are remembered
         return save_prefix(self.kv, ids, path)
@@ -127,6 +137,22 @@ class Model:
         """Load a saved prefix into the prefix cache; later prompts starting with it skip its
         prefill. Returns its token count; another model's file raises KVStateMismatch."""
         return len(load_prefix(self.kv, path))
+
+    def prompt_ids(self, prompt: str | Sequence[int] | Sequence[Message]) -> list[int]:
+        """Token ids of a text (encoded as is), of ids, or of a whole conversation (no
+        generation prompt)."""
+        return self._ids(prompt)
+
+    def turn_tokens(self, messages: Sequence[Message]) -> int:
+        """About how many prompt tokens these messages take in a conversation: their text's
+        tokens plus the template's per-message tokens (measured once)."""
+        if self._message_overhead is None:
+            one = [{"role": "user", "content": "a"}]
+            three = one + [{"role": "assistant", "content": "a"}, {"role": "user", "content": "a"}]
+            extra = len(self.template.encode_chat(three)) - len(self.template.encode_chat(one))
+            self._message_overhead = max(0, extra // 2 - 1)
+        encode = self.tokenizer.encode
+        return sum(len(encode(m["content"], add_special_tokens=False)) + self._message_overhead for m in messages)
 
     def _ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):

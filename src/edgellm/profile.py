@@ -1,5 +1,5 @@
 """Device profiles: named TOML files (built-in phone, tablet, desktop, or a path) that set
-threads, scheduling mode, context, KV precision, timeouts and the queue bound."""
+threads, batch size, context, KV precision, prefix cache, timeouts and the queue bound."""
 from __future__ import annotations
 
 import tomllib
@@ -16,10 +16,10 @@ BUILT_IN = ("phone", "tablet", "desktop")
 class DeviceProfile:
     name: str = "default"
     threads: int | None = None  # None: physical cores
-    mode: str = "latency"  # latency: one request at a time; throughput: continuous batching up to max_batch
-    max_batch: int = 1
+    max_batch: int = 1  # 1: latency mode, one request at a time; more: continuous batching
     context: int | None = None  # None: the model's
     kv_precision: str = "f32"
+    prefix_cache: str | None = None  # e.g. "64MB"; "0" turns prefix reuse off; None: automatic
     timeout_s: float = 15.0
     queue_limit: int = 3
     warmup_delay_s: float | None = 2.0  # None or negative: no warmup
@@ -27,8 +27,6 @@ class DeviceProfile:
     def __post_init__(self) -> None:
         if self.warmup_delay_s is not None and self.warmup_delay_s < 0:
             object.__setattr__(self, "warmup_delay_s", None)
-        if self.mode not in ("latency", "throughput"):
-            raise InvalidRequest(f"profile {self.name!r}: mode must be latency or throughput, got {self.mode!r}")
         if self.queue_limit < 0 or self.max_batch < 1 or self.timeout_s <= 0:
             raise InvalidRequest(f"profile {self.name!r}: queue_limit >= 0, max_batch >= 1, timeout_s > 0")
 

@@ -1,19 +1,27 @@
-"""The service an app holds: one loaded model, one engine thread, a bounded queue.
+"""The service an app holds: one loaded model, one engine loop, a bounded queue, sessions.
 
-Requests are admitted only while the queue has room (else `Busy` at once, never a pile-up),
-run one at a time (latency mode), stop at their deadline with the text so far
-(finish_reason "timeout"), and free their KV the moment their caller cancels."""
+Requests are tokenized (and long conversations trimmed) in the caller's thread, admitted only
+while the queue has room (else `Busy` at once, never a pile-up), planned by the scheduler's
+pure policy (model, KV precision, fallbacks, thermal rules), and run by the engine one step at
+a time: up to `max_batch` requests decode together (latency mode is max_batch=1) while a
+newcomer's prompt is prefilled in chunks between their steps. A request stops at its deadline
+(counted from acceptance) with the text so far, and frees its KV the moment its caller cancels."""
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget
+from edgellm.engine import Engine
+from edgellm.errors import Busy, ContextOverflow, InvalidRequest
 from edgellm.generate import Completion
+from edgellm.scheduler import (FALLBACKS, Ask, DeviceState, ModelRoom, Plan, Policy, RequestState, RunningRequest,
+                               StepBudget, next_step, plan_request, turns_to_drop)
 
+log = logging.getLogger("edgellm.service")
 DONE = object()  # end of a handle's event stream
 
 
@@ -30,21 +38,37 @@ class Handle:
 
     def __init__(self, request: Request):
         self.request = request
-        self.degraded: list[str] = []  # e.g. "thermal_throttle", "thermal_kv_fallback"
-        self.events: queue.Queue = queue.Queue()
+        self.state = RequestState.WAITING
+        self.degraded: list[str] = []  # e.g. "context_truncated", "thermal_throttle", "kv_int4_fallback"
+        self.plan: Plan | None = None
+        self.kv = None  # the KVManager it ran on (sessions pin its blocks there)
+        self.prompt_ids: list[int] = []
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
         self.started: float | None = None
-
+        self._events: queue.Queue = queue.Queue()
         self.on_done: Callable[[Completion], None] | None = None  # e.g. a Session recording the reply
 
     def cancel(self) -> None:
         self.cancelled.set()
 
+    def next_event(self, timeout_s: float | None = None) -> Any:
+        """The next TokenEvent or Completion; DONE at the end; None if nothing came within
+        timeout_s. An error that ended the request is raised here."""
+        try:
+            event = self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if isinstance(event, BaseException):
+            self._events.put(DONE)
+            raise event
+        return event
+
+    def put(self, event: Any) -> None:
+        self._events.put(event)
+
     def __iter__(self) -> Iterator:
-        while (event := self.events.get()) is not DONE:
-            if isinstance(event, BaseException):
-                raise event
+        while (event := self.next_event()) is not DONE:
             yield event
 
     async def __aiter__(self):
@@ -52,9 +76,7 @@ class Handle:
         import anyio
 
         try:
-            while (event := await anyio.to_thread.run_sync(self.events.get)) is not DONE:
-                if isinstance(event, BaseException):
-                    raise event
+            while (event := await anyio.to_thread.run_sync(self.next_event)) is not DONE:
                 yield event
         finally:
             self.cancel()
@@ -67,41 +89,27 @@ class Handle:
 class Service:
     def __init__(self, model, *, queue_limit: int = 3, default_timeout_s: float = 15.0,
                  on_finish: Callable[[Handle, Completion], None] | None = None, thermal=None,
-                 hot_kv_precision: str = "int8", mode: str = "latency", max_batch: int = 4,
-                 start: bool = True, fallbacks: tuple[str, ...] = ("shorter_context", "int4_kv", "smaller_model"),
-                 fallback_model=None):
-        """mode "latency": one request at a time. "throughput": up to max_batch requests decode
-        together (continuous batching: new ones join between steps, finished ones leave)."""
+                 hot_kv_precision: str = "int8", max_batch: int = 1, start: bool = True,
+                 fallbacks: tuple[str, ...] = FALLBACKS, fallback_model=None, step_budget: StepBudget = StepBudget()):
+        """max_batch 1 is latency mode (one request at a time); more is continuous batching:
+        new requests join between steps, finished ones leave."""
+        if max_batch < 1:
+            raise InvalidRequest(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.queue_limit, self.default_timeout_s = model, queue_limit, default_timeout_s
-        self.mode, self.max_batch = mode, (max_batch if mode == "throughput" else 1)
-        self._active: list = []  # throughput mode: (handle, generation, deadline)
-        self.on_finish = on_finish
-        self.thermal = thermal  # a ThermalGovernor, or None
-        unknown = set(fallbacks) - {"shorter_context", "int4_kv", "smaller_model"}
-        if unknown:
-            raise InvalidRequest(f"unknown fallbacks: {', '.join(sorted(unknown))}")
-        self.fallbacks, self.fallback_model = tuple(fallbacks), fallback_model
-        self._fallback_cool_kv = fallback_model.kv if fallback_model is not None else None
-        self._cool_kv = model.kv
-        self._hot_kv = self._fallback_kv(model, hot_kv_precision) if thermal is not None else None
-        self._cool_rate: float | None = None  # decode tokens/s measured while cool
-        self._cool_step_s: float | None = None  # throughput mode: batch step time while cool
+        self.max_batch, self.step_budget = max_batch, step_budget
+        self.policy = Policy(tuple(fallbacks), hot_kv_precision if thermal is not None else None)
+        self.on_finish, self.thermal, self.fallback_model = on_finish, thermal, fallback_model
+        self.engine = Engine()
+        self._running: list[RunningRequest] = []
         self._waiting: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._depth = 0  # waiting, not yet running
-        self._running: Handle | None = None
+        self._depth = 0  # accepted, not yet running
         self._stopping = False
+        self._cool_step_s: float | None = None  # decode step time measured while cool
         self._worker: threading.Thread | None = None
         if start:
             self._worker = threading.Thread(target=self.run_forever, name="edgellm-engine", daemon=True)
             self._worker.start()
-
-    def run_forever(self) -> None:
-        """The engine loop, in the calling thread (start=False). Measured: torch decodes ~2x
-        slower in a thread when another thread has run parallel regions before (two OpenMP
-        thread teams on 2 cores), so `edgellm serve` runs the engine in the thread that loaded
-        the model and the HTTP server in another."""
-        (self._loop_batched if self.max_batch > 1 else self._loop)()
 
     @property
     def queue_depth(self) -> int:
@@ -109,17 +117,55 @@ class Service:
 
     @property
     def busy(self) -> bool:
-        return self._running is not None or bool(self._active)
+        return bool(self._running)
+
+    # -- accepting requests (the caller's thread) ------------------------------------------
 
     def submit(self, request: Request) -> Handle:
-        """Queue a request or raise Busy right away."""
+        """Tokenize and queue a request, or raise at once: Busy when the queue is full,
+        InvalidRequest / ContextOverflow for a prompt that can never run."""
+        handle = Handle(request)
+        self._tokenize(handle)
         with self._lock:
-            if self._depth >= self.queue_limit and self._running is not None:
+            if self._depth >= self.queue_limit and self._running:
                 raise Busy(self._depth, self.queue_limit)
             self._depth += 1
-        handle = Handle(request)
         self._waiting.put(handle)
         return handle
+
+    def _tokenize(self, handle: Handle) -> None:
+        """The prompt's ids for the main model; a conversation longer than the context loses
+        its oldest turns (when "shorter_context" is allowed). Linear in the conversation."""
+        request, model = handle.request, self.model
+        if not request.chat:
+            handle.prompt_ids = model.prompt_ids(request.prompt)
+        else:
+            messages = request.prompt
+            ids = model.template.encode_chat(messages)
+            if len(ids) >= model.context_length:
+                messages, ids = self._trim_conversation(messages, len(ids))
+                handle.request = Request(messages, request.sampling, True, request.timeout_s)
+                handle.degraded.append("context_truncated")
+            handle.prompt_ids = ids
+        if not handle.prompt_ids:
+            raise InvalidRequest("the prompt is empty")
+        if len(handle.prompt_ids) >= model.context_length:
+            raise ContextOverflow(len(handle.prompt_ids), model.context_length)
+
+    def _trim_conversation(self, messages: list[dict], total: int) -> tuple[list[dict], list[int]]:
+        model = self.model
+        turns = _droppable_turns(messages)
+        counts = [model.turn_tokens([messages[i] for i in turn]) for turn in turns]
+        allowed = "shorter_context" in self.policy.fallbacks
+        drop = turns_to_drop(total, counts, model.context_length, allowed)
+        while drop <= len(turns):  # the counts are estimates: check, and drop one more if needed
+            gone = {i for turn in turns[:drop] for i in turn}
+            kept = [m for i, m in enumerate(messages) if i not in gone]
+            ids = model.template.encode_chat(kept)
+            if len(ids) < model.context_length:
+                return kept, ids
+            drop += 1
+        raise ContextOverflow(total, model.context_length)
 
     def init(self, **session_options: Any) -> Session:
         """A new session (conversation) on this service's model."""
@@ -131,63 +177,31 @@ class Service:
         if self._worker is not None:
             self._worker.join(timeout=30)
 
-    def _loop(self) -> None:
-        while True:
-            handle = self._waiting.get()
-            if handle is None or self._stopping:
-                return
-            with self._lock:
-                self._depth -= 1
-                self._running = handle
-            handle.started = time.perf_counter()
-            try:
-                if not handle.cancelled.is_set():
-                    self._run(handle)
-            except BaseException as error:  # reported to the caller, never kills the engine
-                handle.events.put(error)
-            finally:
-                with self._lock:
-                    self._running = None
-                handle.events.put(DONE)
+    # -- the engine loop ---------------------------------------------------------------------
 
-    # -- throughput mode -----------------------------------------------------------------
-
-    def _loop_batched(self) -> None:
-        import torch
-
-        from edgellm.generate.generator import decode_step
-
+    def run_forever(self) -> None:
+        """The engine loop, in the calling thread (start=False). Measured: torch decodes ~2x
+        slower in a thread when another thread has run parallel regions before (two OpenMP
+        thread teams on 2 cores), so `edgellm serve` runs the engine in the thread that loaded
+        the model and the HTTP server in another."""
         while not self._stopping:
-            self._admit(block=not self._active)
-            live = [entry for entry in self._active if not entry[1].done]
-            if not live:
+            self._admit(block=not self._running)
+            if not self._running:
                 continue
-            step_start = time.perf_counter()
-            with torch.inference_mode():
-                logits = decode_step(self.model.net, [g for _, g, _ in live])
-            self._pace_step(live, time.perf_counter() - step_start)
-            for i, entry in enumerate(live):
-                self._deliver_batched(entry, entry[1].accept(logits[i]))
-            self._active = [e for e in self._active if not e[1].done]
-
-    def _pace_step(self, live: list, elapsed: float) -> None:
-        """Throughput mode's thermal policy: while hot, stretch each batch step so the decode
-        rate is the cool rate × (1 − (T − 60)/100)."""
-        state = self.thermal.state() if self.thermal is not None else None
-        if state is None or not state.hot:
-            self._cool_step_s = elapsed if self._cool_step_s is None else 0.9 * self._cool_step_s + 0.1 * elapsed
-            return
-        if self._cool_step_s:
-            time.sleep(max(0.0, self._cool_step_s / state.rate_scale - elapsed))
-            for handle, _, _ in live:
-                if "thermal_throttle" not in handle.degraded:
-                    handle.degraded.append("thermal_throttle")
+            step = next_step(self._running, self.step_budget)
+            started = time.perf_counter()
+            results = self.engine.step(step)
+            if step.decode and not step.prefill:
+                self._pace(step.decode, time.perf_counter() - started)
+            for request, events in results.items():
+                self._deliver(request, events)
+            for request in self._running:
+                self._expire(request)
+            self._running = [r for r in self._running if not r.state.ended]
 
     def _admit(self, block: bool) -> None:
-        """Move waiting requests into the running batch (prefill each) while there is room."""
-        import torch
-
-        while len(self._active) < self.max_batch:
+        """Move waiting requests into the running set while there is room; each gets its plan."""
+        while len(self._running) < self.max_batch:
             try:
                 handle = self._waiting.get(block=block, timeout=None if block else 0)
             except queue.Empty:
@@ -199,164 +213,136 @@ class Service:
             with self._lock:
                 self._depth -= 1
             handle.started = time.perf_counter()
-            request = handle.request
-            try:
-                self._thermal_policy(handle)
-                generation = self.model.generation(request.prompt, chat=request.chat, **request.sampling)
-                with torch.inference_mode():
-                    first = generation.accept(generation.prefill())
-            except BaseException as error:
-                handle.events.put(error)
-                handle.events.put(DONE)
+            if handle.cancelled.is_set():
+                handle.state = RequestState.CANCELLED
+                handle.put(DONE)
                 continue
-            entry = (handle, generation, handle.started + (request.timeout_s or self.default_timeout_s))
-            self._active.append(entry)
-            self._deliver_batched(entry, first)
+            try:
+                self._running.append(self._start(handle))
+            except Exception as error:  # reported to its caller; the engine goes on
+                self._fail(handle, error)
 
-    def _deliver(self, entry, events: list) -> None:
-        """Pass one step's events on; end the request at its deadline or when cancelled."""
-        handle, generation, deadline = entry
-        for event in events:
-            if isinstance(event, Completion):
-                self._finish(handle, event)
-                return
-            handle.events.put(event)
-        if handle.cancelled.is_set() or time.perf_counter() > deadline:
-            reason = "cancelled" if handle.cancelled.is_set() else "timeout"
-            self._finish(handle, generation.finish(reason))  # its KV goes back now
+    def _start(self, handle: Handle) -> RunningRequest:
+        request = handle.request
+        sampling = dict(request.sampling)
+        plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), self._room(self.model),
+                            self._room(self.fallback_model), self._device(), self.policy)
+        handle.plan = plan
+        handle.degraded += [d for d in plan.degraded if d not in handle.degraded]
+        if plan.fallback_model:
+            generation = self.fallback_model.generation(request.prompt, chat=request.chat, kv=plan.kv_precision,
+                                                        **sampling)
+        else:
+            generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
+            handle.kv = generation.kv
+        handle.state = RequestState.PREFILLING
+        reserved = generation.kv.bytes_needed(len(handle.prompt_ids) + generation.budget)
+        running = RunningRequest(handle, generation, handle.submitted + (request.timeout_s or self.default_timeout_s),
+                                 reserved)
+        return running
 
-    def _deliver_batched(self, entry, events: list) -> None:
-        self._deliver(entry, events)
-        if entry[1].done:
-            entry[0].events.put(DONE)  # latency mode's loop does this in its finally
-
-    # -- fallbacks and thermal policy ------------------------------------------------------
-
-    @staticmethod
-    def _fallback_kv(model, precision: str):
-        from dataclasses import replace
-
-        from edgellm.kv import KVManager
-
-        config = replace(model.kv.config, k_precision=precision, v_precision=precision)
-        return KVManager(model.net.cache_specs(), config, model.context_length, salt=model.kv.salt)
-
-    def _thermal_policy(self, handle: Handle):
-        """Pick the KV for this request; returns the thermal state (None without a governor)."""
-        if self.thermal is None:
+    def _room(self, model) -> ModelRoom | None:
+        """What admission sees of a model's KV: its byte budget minus what running requests
+        hold or may still grow into."""
+        if model is None:
             return None
-        state = self.thermal.state()
-        self.model.kv = self._hot_kv if state.hot else self._cool_kv
-        if state.hot:
-            handle.degraded.append("thermal_kv_fallback")
-        return state
+        kv = model.kv
+        free = kv.free_bytes()
+        if free is not None:
+            for r in self._running:
+                if r.generation.kv.pool is kv.pool:
+                    free -= max(0, r.reserved_bytes - len(r.generation.seq.blocks) * r.generation.kv.block_bytes)
+        return ModelRoom(model.context_length, kv.precision, lambda p, n: model.kv_for(p).bytes_needed(n), free,
+                         sliding=kv.config.max_tokens is not None)
 
-    def _pace(self, handle: Handle, last_token_at: float) -> float:
-        """While hot, hold decoding to the cool rate × the thermal scale; returns the time now."""
-        now = time.perf_counter()
+    def _device(self) -> DeviceState:
+        return DeviceState(hot=self.thermal is not None and self.thermal.state().hot)
+
+    def _pace(self, decoding: list[RunningRequest], elapsed: float) -> None:
+        """Thermal policy: while hot, stretch each decode step so the rate is the cool rate
+        × (1 − (T − 60)/100)."""
         state = self.thermal.state() if self.thermal is not None else None
         if state is None or not state.hot:
-            return now
-        if self._cool_rate:
-            wait = 1.0 / (self._cool_rate * state.rate_scale) - (now - last_token_at)
-            if wait > 0:
-                time.sleep(wait)
-            if "thermal_throttle" not in handle.degraded:
-                handle.degraded.append("thermal_throttle")
-        return time.perf_counter()
+            self._cool_step_s = elapsed if self._cool_step_s is None else 0.8 * self._cool_step_s + 0.2 * elapsed
+            return
+        if self._cool_step_s:
+            time.sleep(max(0.0, self._cool_step_s / state.rate_scale - elapsed))
+            for r in decoding:
+                if "thermal_throttle" not in r.handle.degraded:
+                    r.handle.degraded.append("thermal_throttle")
 
-    def _start(self, handle: Handle):
-        """Create the request's Generation, walking the configured fallback chain when it
-        does not fit: "shorter_context" drops the oldest chat turns on overflow, "int4_kv"
-        retries with INT4 KV when the KV budget is short, "smaller_model" hands the request to
-        the fallback model (also while the device is hot)."""
-        request, model = handle.request, self.model
-        if self._hot_model_switch():
-            model = self._use_smaller(handle)
-        while True:
-            try:
-                return model.generation(request.prompt, chat=request.chat, **request.sampling)
-            except OutOfMemoryBudget:
-                if "int4_kv" in self.fallbacks and model.kv.config.k_precision != "int4":
-                    model.kv = self._fallback_kv(model, "int4")
-                    handle.degraded.append("kv_int4_fallback")
-                elif "smaller_model" in self.fallbacks and self.fallback_model is not None \
-                        and model is not self.fallback_model:
-                    model = self._use_smaller(handle)
-                else:
-                    raise
-            except ContextOverflow:
-                shorter = _drop_oldest_turn(request.prompt) if request.chat else None
-                if "shorter_context" not in self.fallbacks or shorter is None:
-                    raise
-                request = replace(request, prompt=shorter)
-                handle.degraded.append("context_truncated") if "context_truncated" not in handle.degraded else None
+    def _deliver(self, request: RunningRequest, events: list) -> None:
+        for event in events:
+            if isinstance(event, BaseException):
+                request.generation.close()
+                self._end(request, RequestState.FINISHED)
+                self._fail(request.handle, event)
+                return
+            if isinstance(event, Completion):
+                self._finish(request, event, RequestState.FINISHED)
+                return
+            request.handle.put(event)
 
-    def _hot_model_switch(self) -> bool:
-        return (self.thermal is not None and self.fallback_model is not None and "smaller_model" in self.fallbacks
-                and self.thermal.state().hot)
+    def _expire(self, request: RunningRequest) -> None:
+        """End a request its caller cancelled or whose deadline passed; its KV goes back now."""
+        if request.state.ended:
+            return
+        if request.handle.cancelled.is_set():
+            self._finish(request, request.generation.finish("cancelled"), RequestState.CANCELLED)
+        elif request.expired:
+            self._finish(request, request.generation.finish("timeout"), RequestState.TIMED_OUT)
 
-    def _use_smaller(self, handle: Handle):
-        handle.degraded.append("smaller_model")
-        return self.fallback_model
-
-    def _run(self, handle: Handle) -> None:
-        """Latency mode: one request, prefill then decode steps, until it ends or its deadline."""
-        import torch
-
-        from edgellm.generate.generator import decode_step
-
-        self._thermal_policy(handle)
-        try:
-            generation = self._start(handle)
-        finally:
-            if self.thermal is None or not self.thermal.state().hot:
-                self.model.kv = self._cool_kv  # a fallback lasts for one request
-            if self.fallback_model is not None:
-                self.fallback_model.kv = self._fallback_cool_kv
-        entry = (handle, generation, handle.started + (handle.request.timeout_s or self.default_timeout_s))
-        last = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                logits = generation.prefill()
-                while True:
-                    self._deliver(entry, generation.accept(logits))
-                    if generation.done:
-                        break
-                    last = self._pace(handle, last)
-                    logits = decode_step(generation.model, [generation])[0]
-        finally:
-            generation.close()  # frees the sequence's KV at once, however the request ended
-        done = generation.completion
-        if "thermal_throttle" not in handle.degraded and done.timings.decode_tokens_per_s > 0:
-            self._cool_rate = done.timings.decode_tokens_per_s
-
-    def _finish(self, handle: Handle, done: Completion) -> None:
+    def _finish(self, request: RunningRequest, done: Completion, state: RequestState) -> None:
+        handle = self._end(request, state)
         if handle.on_done is not None:
             handle.on_done(done)
-        handle.events.put(done)
+        handle.put(done)
+        handle.put(DONE)
         if self.on_finish is not None:
             self.on_finish(handle, done)
 
+    @staticmethod
+    def _end(request: RunningRequest, state: RequestState) -> Handle:
+        request.state = request.handle.state = state
+        return request.handle
 
-def _drop_oldest_turn(messages: list[dict]) -> list[dict] | None:
-    """The conversation without its oldest non-system message; None when only the last
-    user message (and system prompt) is left."""
-    for i, message in enumerate(messages[:-1]):
-        if message["role"] != "system":
-            return messages[:i] + messages[i + 1:]
-    return None
+    @staticmethod
+    def _fail(handle: Handle, error: BaseException) -> None:
+        handle.state = RequestState.FINISHED
+        handle.put(error)
+        handle.put(DONE)
+
+
+def _max_tokens(sampling: dict[str, Any]) -> int:
+    from edgellm.generate import SamplingParams
+
+    return sampling.get("max_tokens", SamplingParams.max_tokens)
+
+
+def _droppable_turns(messages: list[dict]) -> list[list[int]]:
+    """Indices of the turns that may go, oldest first: each user message with the replies
+    after it (dropping whole turns keeps roles alternating, which some templates require).
+    System messages and the last turn stay."""
+    turns: list[list[int]] = []
+    for i, message in enumerate(messages):
+        if message["role"] == "system":
+            continue
+        if message["role"] == "user" or not turns:
+            turns.append([i])
+        else:
+            turns[-1].append(i)
+    return turns[:-1]
 
 
 class Session:
-    """What an app holds: one conversation on the shared model. Its KV stays cached between
-    turns (pinned in the model's prefix cache, when enabled) until release() frees it."""
+    """What an app holds: one conversation on the shared model. The KV of its last turn stays
+    pinned in the model's prefix cache between turns until release() frees it."""
 
     def __init__(self, service: Service, *, system: str | None = None, timeout_s: float | None = None,
                  **sampling: Any):
         self.service, self.sampling, self.timeout_s = service, sampling, timeout_s
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
-        self._pinned: list[str] = []
+        self._kv, self._pins = None, []
         self.released = False
 
     def infer(self, content: str, **sampling: Any) -> Handle:
@@ -367,33 +353,27 @@ class Session:
         request = Request(messages, {**self.sampling, **sampling}, chat=True,
                           timeout_s=self.timeout_s or self.service.default_timeout_s)
         handle = self.service.submit(request)
-        handle.on_done = lambda done: self._record(messages, done)
+        handle.on_done = lambda done: self._record(handle, messages, done)
         return handle
 
-    def _record(self, messages: list[dict], done: Completion) -> None:
+    def _record(self, handle: Handle, messages: list[dict], done: Completion) -> None:
         self.messages = messages + [{"role": "assistant", "content": done.text}]
-        prefix = self.service.model.kv.prefix
-        if prefix is None:
-            return
-        from edgellm.kv import chain_hashes
+        self._unpin()
+        if handle.kv is not None:  # pinned until the next turn or release()
+            self._kv, self._pins = handle.kv, handle.kv.pin(handle.prompt_ids + list(done.token_ids))
 
-        kv = self.service.model.kv
-        ids = self.service.model.template.encode_chat(messages) + list(done.token_ids)
-        hashes = chain_hashes(ids, kv.config.block_size, kv.salt)
-        prefix.release(self._pinned)
-        self._pinned = hashes[:len(prefix.lookup(hashes))]  # pinned until the next turn or release()
+    def _unpin(self, drop: bool = False) -> int:
+        freed = self._kv.unpin(self._pins, drop=drop) if self._kv is not None else 0
+        self._kv, self._pins = None, []
+        return freed
 
     @property
     def kv_bytes(self) -> int:
         """KV this session keeps between turns."""
-        return len(self._pinned) * self.service.model.kv.pool.block_bytes
+        return self._kv.pinned_bytes(self._pins) if self._kv is not None else 0
 
     def release(self) -> int:
         """Free this session's KV now; returns the bytes freed."""
-        freed = 0
-        prefix = self.service.model.kv.prefix
-        if prefix is not None and self._pinned:
-            prefix.release(self._pinned)
-            freed = prefix.drop(self._pinned) * self.service.model.kv.pool.block_bytes
-        self._pinned, self.released = [], True
+        freed = self._unpin(drop=True)
+        self.released = True
         return freed

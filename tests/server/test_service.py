@@ -81,7 +81,7 @@ def test_kv_budget_falls_back_to_int4_kv(smollm2_path):
         handle = svc.submit(Request("word " * 120, {"max_tokens": 8}))
         done = _done(handle)
         assert handle.degraded == ["kv_int4_fallback"] and len(done.token_ids) == 8
-        assert model.kv.config.k_precision == "f16"  # the fallback lasted one request
+        assert handle.plan.kv_precision == "int4" and model.kv.config.k_precision == "f16"  # the model is untouched
     finally:
         svc.close()
         model.close()
@@ -91,7 +91,7 @@ def test_throughput_mode_batches_and_matches_latency_mode(smollm2_path):
     model = edgellm.load(smollm2_path)
     prompts = ["Once upon a time", "The capital of France is", "def add(a, b):"]
     alone = [model.generate(p, max_tokens=12).token_ids for p in prompts]
-    svc = Service(model, mode="throughput", max_batch=4, queue_limit=4)
+    svc = Service(model, max_batch=4, queue_limit=4)
     try:
         handles = [svc.submit(Request(p, {"max_tokens": 12, "temperature": 0})) for p in prompts]
         results = [_done(h).token_ids for h in handles]
@@ -99,7 +99,7 @@ def test_throughput_mode_batches_and_matches_latency_mode(smollm2_path):
         late = svc.submit(Request("Once upon a time", {"max_tokens": 2000, "temperature": 0}, timeout_s=0.5))
         done = _done(late)
         assert done.finish_reason == "timeout" and done.token_ids
-        assert model.kv.pool.used_blocks == 0 and not svc.busy
+        assert model.kv.live_bytes == 0 and not svc.busy
     finally:
         svc.close()
         model.close()
@@ -135,7 +135,7 @@ def test_throughput_mode_throttles_while_hot(smollm2_path, tmp_path):
     sensor = tmp_path / "temp"
     sensor.write_text("40")
     model = edgellm.load(smollm2_path)
-    svc = Service(model, mode="throughput", max_batch=2, thermal=ThermalGovernor(sensor, poll_s=0))
+    svc = Service(model, max_batch=2, thermal=ThermalGovernor(sensor, poll_s=0))
     try:
         body = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
         cool = _done(svc.submit(Request("Once upon a time", body)))

@@ -49,10 +49,11 @@ def test_hot_device_throttles_decode_and_switches_kv_precision(server_factory, s
     hot_s, hot = timed()
     assert set(hot["edgellm"]["degraded"]) == {"thermal_throttle", "thermal_kv_fallback"}
     assert hot_s > cool_s * 1.2
-    assert served_model.kv.config.k_precision == "int8"  # the fallback KV served the hot request
+    assert hot["edgellm"]["kv_precision"] == "int8"  # the fallback KV served the hot request
     sensor.write_text("40")
     _, restored = timed()
-    assert restored["edgellm"]["degraded"] == [] and served_model.kv.config.k_precision == "f16"
+    assert restored["edgellm"]["degraded"] == [] and restored["edgellm"]["kv_precision"] == "f16"
+    assert served_model.kv.config.k_precision == "f16"  # per request: the shared model is never changed
     metrics = httpx.get(server.url + "/metrics").text
     assert 'edgellm_thermal_events{kind="throttle"} 1.0' in metrics
     assert 'edgellm_thermal_events{kind="restore"} 1.0' in metrics

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import subprocess
+import statistics
 import sys
 import time
 
@@ -117,22 +118,40 @@ def kv_decode_speed(model_name: str, precisions=("f16", "int8", "int4"), context
     return dict(model=model_name, precisions=list(precisions), decode_tokens=tokens, rounds=rounds, points=points)
 
 
-def prefix_ttft(model_name: str, prefix_tokens: int = 1000, repeat: int = 3) -> dict:
-    """TTFT of a request whose 1,000-token prefix is new, then of ones that share it."""
+def prefix_ttft(model_name: str, prefix_tokens: int = 1000, repeat: int = 3, turns: int = 10) -> dict:
+    """Prefix reuse as a default-configured model meets it: TTFT of a chat whose ~1,000-token
+    system prompt is new, then of one that shares it; and each turn's TTFT in a `turns`-turn
+    chat (Model.chat re-sends the whole conversation, as apps do)."""
     import edgellm
-    from edgellm.kv import KVConfig
 
-    model = edgellm.load(model_name, kv=KVConfig(prefix_cache_bytes=512 * 2**20))
-    shared = bench_prompt(model.tokenizer, prefix_tokens)
+    model = edgellm.load(model_name)  # prefix reuse is on by default
+    tokenizer = model.tokenizer
+    system = {"role": "system", "content": tokenizer.decode(bench_prompt(tokenizer, prefix_tokens))}
     cold, warm = [], []
     for i in range(repeat):
-        model.kv.prefix.clear()
-        cold.append(model.generate(shared + [100 + i], max_tokens=1).timings.ttft_s)
-        warm.append(model.generate(shared + [200 + i], max_tokens=1).timings.ttft_s)
-    cold.sort()
-    warm.sort()
-    return dict(model=model_name, prefix_tokens=prefix_tokens, cold_ttft_s=cold[len(cold) // 2],
-                warm_ttft_s=warm[len(warm) // 2], speedup=cold[len(cold) // 2] / warm[len(warm) // 2])
+        model.kv.forget_prefixes()
+        cold.append(model.chat([system, {"role": "user", "content": f"Question {i}: who?"}], max_tokens=1))
+        warm.append(model.chat([system, {"role": "user", "content": f"Question {i}: where?"}], max_tokens=1))
+    cold_s = statistics.median(d.timings.ttft_s for d in cold)
+    warm_s = statistics.median(d.timings.ttft_s for d in warm)
+    chat = _chat_turns(model, system, turns)
+    model.close()
+    return dict(model=model_name, prefix_tokens=prefix_tokens, cold_ttft_s=cold_s, warm_ttft_s=warm_s,
+                speedup=cold_s / warm_s, warm_prefix_hit_tokens=warm[-1].timings.prefix_hit_tokens,
+                chat_turns=chat, chat_turn_last_vs_second=chat[-1]["ttft_s"] / chat[1]["ttft_s"])
+
+
+def _chat_turns(model, system: dict, turns: int) -> list[dict]:
+    model.kv.forget_prefixes()
+    messages, report = [system], []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Turn {turn + 1}: tell me one more fact about the text."})
+        done = model.chat(messages, max_tokens=48, ignore_eos=True)
+        messages.append({"role": "assistant", "content": done.text})
+        t = done.timings
+        report.append(dict(turn=turn + 1, prompt_tokens=t.prompt_tokens, prefix_hit_tokens=t.prefix_hit_tokens,
+                           ttft_s=t.ttft_s))
+    return report
 
 
 def soak(model_name: str, tokens: int = 20_000, window: int = 512, every: int = 1000) -> dict:

@@ -36,7 +36,7 @@ def throughput(model_name: str = "smollm2-135m", streams=(1, 2, 4), tokens: int 
 def _run(model, mode: str, n: int, tokens: int) -> dict:
     from edgellm.service import Request, Service
 
-    service = Service(model, mode=mode, max_batch=4, queue_limit=8)
+    service = Service(model, max_batch=4 if mode == "throughput" else 1, queue_limit=8)
     for _ in service.submit(Request("warm up", {"max_tokens": 4})):
         pass
     done: list[Completion] = []

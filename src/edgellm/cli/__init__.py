@@ -31,6 +31,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-precision", default=None, help="f16 (default), f32, bf16, int8, int4, or K:V such as int8:int4")
     p.add_argument("--kv-window", type=int, default=None, metavar="TOKENS",
                    help="keep at most this many tokens (attention sinks + sliding window): endless chat")
+    p.add_argument("--prefix-cache", default=None, metavar="SIZE",
+                   help="KV kept for reuse by later prompts with the same start (e.g. 64MB; 0 turns it off; "
+                        "default: a quarter of --memory's KV budget, else 1/16 of free RAM up to 256 MiB)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -40,9 +40,12 @@ def _kv_config(args: argparse.Namespace):
 
     from edgellm.kv import KVConfig
 
-    if args.kv_precision is None and args.kv_window is None:
+    prefix = getattr(args, "prefix_cache", None)
+    if args.kv_precision is None and args.kv_window is None and prefix is None:
         return None
-    config = KVConfig(max_tokens=args.kv_window)
+    from edgellm.planner import parse_bytes
+
+    config = KVConfig(max_tokens=args.kv_window, prefix_cache_bytes=None if prefix is None else parse_bytes(prefix))
     if args.kv_precision:
         k, _, v = args.kv_precision.partition(":")
         config = replace(config, k_precision=k, v_precision=v or k)

@@ -171,6 +171,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # A profile's thread count never exceeds this machine's cores: oversubscription halves decode speed.
     args.threads = args.threads or (min(profile.threads, default_threads()) if profile.threads else None)
     args.kv_precision = args.kv_precision or profile.kv_precision
+    args.prefix_cache = args.prefix_cache if args.prefix_cache is not None else profile.prefix_cache
     model = load_model(args, context_length=profile.context)
     logging.basicConfig(level=logging.DEBUG if args.log_text else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -185,7 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(model, model_id=args.model, api_key=args.api_key, thermal=thermal,
                      queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
                      timeout_s=args.timeout or profile.timeout_s, log_text=args.log_text,
-                     warmup_delay_s=profile.warmup_delay_s, mode=profile.mode, max_batch=profile.max_batch,
+                     warmup_delay_s=profile.warmup_delay_s, max_batch=profile.max_batch,
                      start_engine=False, fallback_model=fallback)
     print(f"serving {args.model} ({profile.name} profile) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     # HTTP in a thread, the engine in this one (the thread that loaded the model: see Service.run_forever).

@@ -55,6 +55,7 @@ class Generation:
         self.history, self.generated, self.pieces = list(prompt_ids), [], []
         self.start = time.perf_counter()
         self.seq, self.reused = kv.new_sequence(prompt_ids)
+        self.prefilled = self.reused  # prompt tokens in the KV so far
         self.prefill_done = self.first_token_at = self.start
         self.next_token: int | None = None  # to feed the next decode step
         self.completion: Completion | None = None
@@ -63,8 +64,27 @@ class Generation:
     def done(self) -> bool:
         return self.completion is not None
 
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens still to prefill."""
+        return len(self.prompt_ids) - self.prefilled
+
     def prefill(self) -> torch.Tensor:
-        logits = prefill(self.model, self.seq, self.prompt_ids[self.reused:], _chunk_for(self.kv))
+        """The whole (rest of the) prompt; returns its last position's logits."""
+        logits = None
+        while logits is None:
+            logits = self.prefill_step(self.prompt_left)
+        return logits
+
+    def prefill_step(self, max_tokens: int) -> torch.Tensor | None:
+        """Prefill up to max_tokens more prompt tokens (an engine interleaves these chunks with
+        other sequences' decode steps); returns the last position's logits once the prompt is in."""
+        n = min(max_tokens, self.prompt_left)
+        piece = self.prompt_ids[self.prefilled:self.prefilled + n]
+        logits = prefill(self.model, self.seq, piece, _chunk_for(self.kv))
+        self.prefilled += n
+        if self.prompt_left:
+            return None
         self.prefill_done = self.first_token_at = time.perf_counter()
         return logits
 

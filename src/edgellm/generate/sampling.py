@@ -29,6 +29,7 @@ class SamplingParams:
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
             (self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}"),
+            (self.seed is None or -2**63 <= self.seed < 2**64, f"seed must fit 64 bits, got {self.seed}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
         ]
         for ok, message in checks:
@@ -36,6 +37,9 @@ class SamplingParams:
                 raise InvalidRequest(message)
 
 
+# Below this temperature sampling is greedy: logits / T would overflow to inf (1e-300 did) long
+# before the distribution stops being one-hot in float32.
+GREEDY_BELOW = 1e-5
 ARGMAX_ROW = 2048  # logits per row of greedy()'s first pass
 
 
@@ -103,7 +107,7 @@ class Sampler:
         logits = logits.float()
         if p.repetition_penalty != 1.0 and history:
             logits = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), p.repetition_penalty)
-        if p.temperature == 0.0:
+        if p.temperature < GREEDY_BELOW:
             return greedy(logits)
         logits = keep_min_p(keep_top_p(keep_top_k(logits / p.temperature, p.top_k), p.top_p), p.min_p)
         probs = logits.softmax(-1)

@@ -12,38 +12,40 @@ from edgellm.errors import OutOfMemoryBudget
 
 
 class BlockPool:
-    """Hands out block ids; each block is `block_bytes` of KV. Reference counts let a prefix
-    block be shared; a block returns to the free list when its last holder lets go."""
+    """Hands out block ids under one byte budget. Blocks of different KV precisions differ in
+    size, so each block records its own bytes (`block_bytes` is the default size). Reference
+    counts let a prefix block be shared; a block returns to the free list when its last holder
+    lets go."""
 
     def __init__(self, block_bytes: int, budget_bytes: int | None = None):
         self.block_bytes = block_bytes
         self.budget_bytes = budget_bytes
         self._refs: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}
         self._free: list[int] = []
         self._next_id = 0
+        self.used_bytes = 0
 
     @property
     def used_blocks(self) -> int:
         return len(self._refs)
 
-    @property
-    def used_bytes(self) -> int:
-        return self.used_blocks * self.block_bytes
-
     def available_bytes(self) -> int | None:
         return None if self.budget_bytes is None else self.budget_bytes - self.used_bytes
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int, block_bytes: int | None = None) -> list[int]:
         if n <= 0:
             return []
+        size = self.block_bytes if block_bytes is None else block_bytes
         available = self.available_bytes()
-        if available is not None and n * self.block_bytes > available:
-            raise OutOfMemoryBudget(n * self.block_bytes, available)
+        if available is not None and n * size > available:
+            raise OutOfMemoryBudget(n * size, available)
         ids = []
         for _ in range(n):
             block = self._free.pop() if self._free else self._new_id()
-            self._refs[block] = 1
+            self._refs[block], self._sizes[block] = 1, size
             ids.append(block)
+        self.used_bytes += n * size
         return ids
 
     def _new_id(self) -> int:
@@ -58,10 +60,14 @@ class BlockPool:
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 del self._refs[block]
+                self.used_bytes -= self._sizes.pop(block)
                 self._free.append(block)
 
     def refcount(self, block: int) -> int:
         return self._refs.get(block, 0)
+
+    def size(self, block: int) -> int:
+        return self._sizes[block]
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int, salt: str = "") -> list[str]:
@@ -84,6 +90,7 @@ class PrefixStats:
 @dataclass
 class _Entry:
     block: int
+    nbytes: int
     payload: Any  # the block's KV for every layer (opaque here)
     users: int = 0
 
@@ -98,12 +105,18 @@ class PrefixIndex:
     stats: PrefixStats = field(default_factory=PrefixStats)
     _entries: OrderedDict = field(default_factory=OrderedDict)
 
+    _nbytes: int = 0
+
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def nbytes(self) -> int:
-        return len(self._entries) * self.pool.block_bytes
+        return self._nbytes
+
+    def bytes_of(self, hashes: Sequence[str]) -> int:
+        """Bytes of those of `hashes` that are cached."""
+        return sum(self._entries[h].nbytes for h in hashes if h in self._entries)
 
     def lookup(self, hashes: Sequence[str]) -> list[Any]:
         """Payloads of the longest cached run of `hashes` from the start; marks them in use
@@ -125,31 +138,47 @@ class PrefixIndex:
                 entry.users -= 1
         self._evict()
 
-    def insert(self, h: str, payload: Any) -> bool:
-        """Cache a block's KV under its chain hash; False when it is already there or no
-        room can be made."""
+    def insert(self, h: str, payload: Any, block_bytes: int | None = None) -> bool:
+        """Cache a block's KV (`block_bytes`, default the pool's block size) under its chain
+        hash; False when it is already there or no room can be made."""
+        size = self.pool.block_bytes if block_bytes is None else block_bytes
         if h in self._entries:
             self._entries.move_to_end(h)
             return False
-        if self.pool.block_bytes > self.budget_bytes:
+        if size > self.budget_bytes:
             return False
-        self._evict(room_for=1)
+        self._evict(room_for=size)
         try:
-            (block,) = self.pool.allocate(1)
+            (block,) = self.pool.allocate(1, size)
         except OutOfMemoryBudget:
             return False
-        self._entries[h] = _Entry(block, payload)
+        self._entries[h] = _Entry(block, size, payload)
+        self._nbytes += size
         return True
 
-    def _evict(self, room_for: int = 0) -> None:
-        limit = self.budget_bytes - room_for * self.pool.block_bytes
+    def evict(self, nbytes: int) -> int:
+        """Free at least `nbytes` of unused cached blocks if there are that many, oldest
+        first (a new request needs the room); returns the bytes freed."""
+        before = self._nbytes
+        self._evict(limit=self._nbytes - nbytes)
+        return before - self._nbytes
+
+    def _evict(self, room_for: int = 0, limit: int | None = None) -> None:
+        limit = self.budget_bytes - room_for if limit is None else limit
         for h in list(self._entries):  # oldest first
-            if self.nbytes <= limit:
+            if self._nbytes <= limit:
                 return
-            entry = self._entries[h]
-            if entry.users == 0:
-                del self._entries[h]
-                self.pool.free([entry.block])
+            if self._entries[h].users == 0:
+                self._remove(h)
+
+    def _remove(self, h: str) -> None:
+        entry = self._entries.pop(h)
+        self._nbytes -= entry.nbytes
+        self.pool.free([entry.block])
+
+    @property
+    def evictable_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values() if e.users == 0)
 
     def drop(self, hashes: Sequence[str]) -> int:
         """Forget these blocks now unless someone is using them; returns how many went."""
@@ -157,12 +186,10 @@ class PrefixIndex:
         for h in hashes:
             entry = self._entries.get(h)
             if entry is not None and entry.users == 0:
-                del self._entries[h]
-                self.pool.free([entry.block])
+                self._remove(h)
                 dropped += 1
         return dropped
 
     def clear(self) -> None:
-        for entry in self._entries.values():
-            self.pool.free([entry.block])
-        self._entries.clear()
+        for h in list(self._entries):
+            self._remove(h)

@@ -14,7 +14,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from edgellm.errors import KVStateMismatch
-from edgellm.kv.blocks import chain_hashes
 from edgellm.kv.sequence import KVManager
 
 FORMAT = "edgellm-kv-prefix/1"
@@ -31,8 +30,8 @@ def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path) -> 
     """Write the cached blocks covering `tokens` (run them through the model first); returns
     how many tokens were saved. Written to a temp file and renamed: never half a file."""
     if manager.prefix is None:
-        raise KVStateMismatch("the prefix cache is disabled (KVConfig.prefix_cache_bytes = 0)")
-    hashes = chain_hashes(tokens, manager.config.block_size, manager.salt)
+        raise KVStateMismatch("the prefix cache is disabled (prefix_cache_bytes = 0)")
+    hashes = manager.hashes(tokens)
     payloads = manager.prefix.lookup(hashes)
     try:
         tensors = {f"{b}.{layer}.{name}": t.contiguous() for b, payload in enumerate(payloads)
@@ -57,7 +56,7 @@ def load_prefix(manager: KVManager, path: str | Path) -> list[int]:
     """Put a saved prefix into this model's prefix cache; returns its tokens. A file from
     another model, precision or layout raises KVStateMismatch; a damaged one too."""
     if manager.prefix is None:
-        raise KVStateMismatch("the prefix cache is disabled (KVConfig.prefix_cache_bytes = 0)")
+        raise KVStateMismatch("the prefix cache is disabled (prefix_cache_bytes = 0)")
     try:
         tensors = load_file(str(path))
         with open(path, "rb") as f:  # safetensors keeps metadata in its JSON header
@@ -71,10 +70,8 @@ def load_prefix(manager: KVManager, path: str | Path) -> list[int]:
         raise KVStateMismatch(f"{path}: saved for another setup ({', '.join(f'{k}={meta.get(k)!r}' for k in wrong)}; "
                               f"this model has {', '.join(f'{k}={expected[k]!r}' for k in wrong)})")
     tokens = json.loads(meta["tokens"])
-    hashes = chain_hashes(tokens, manager.config.block_size, manager.salt)
-    for b, h in enumerate(hashes):
-        payload = [_parts(tensors, b, layer) for layer in range(len(manager.specs))]
-        manager.prefix.insert(h, payload)
+    for b, h in enumerate(manager.hashes(tokens)):
+        manager.remember(h, [_parts(tensors, b, layer) for layer in range(len(manager.specs))])
     return tokens
 
 

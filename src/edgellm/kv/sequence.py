@@ -2,7 +2,7 @@
 shared block pool, applies the sink + sliding-window policy and reuses cached prefixes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import torch
@@ -23,7 +23,9 @@ class KVConfig:
     max_tokens: int | None = None  # held per sequence; beyond it, sinks + sliding window (None: the context)
     sinks: int = 4  # first tokens always kept ("attention sinks")
     budget_bytes: int | None = None  # all KV together (sequences + prefix cache); None: unbounded
-    prefix_cache_bytes: int = 0  # 0 disables prefix reuse across requests
+    # Finished blocks kept for later requests with the same prefix. None: automatic
+    # (auto_prefix_cache_bytes); 0 disables prefix reuse.
+    prefix_cache_bytes: int | None = None
 
     @classmethod
     def for_mode(cls, mode: str) -> KVConfig:
@@ -37,6 +39,22 @@ class KVConfig:
             raise InvalidRequest("block_size must be >= 1 and sinks >= 0")
         if self.max_tokens is not None and self.max_tokens < self.sinks + 2 * self.block_size:
             raise InvalidRequest(f"max_tokens must be at least sinks + 2 blocks ({self.sinks + 2 * self.block_size})")
+        if self.prefix_cache_bytes is not None and self.prefix_cache_bytes < 0:
+            raise InvalidRequest("prefix_cache_bytes must be >= 0 (0 turns prefix reuse off)")
+
+
+AUTO_PREFIX_CAP = 256 * 2**20
+
+
+def auto_prefix_cache_bytes(config: KVConfig) -> int:
+    """The prefix cache's share when nobody set one: a quarter of a KV budget, or else a
+    sixteenth of the memory free now, at most 256 MiB (~11,000 tokens of SmolLM2's f16 KV).
+    Cached blocks are evicted, oldest first, whenever a request needs their room."""
+    if config.budget_bytes is not None:
+        return config.budget_bytes // 4
+    import psutil
+
+    return min(AUTO_PREFIX_CAP, psutil.virtual_memory().available // 16)
 
 
 @dataclass(frozen=True)
@@ -73,7 +91,7 @@ class SequenceKV:
         self.layers: list[KVCache] = [manager.make_layer(spec) for spec in manager.specs]
         self.token_ids: list[int] = []
         self.evicted = 0  # tokens dropped by the sliding window so far
-        self.blocks: list[int] = manager.pool.allocate(manager.fixed_blocks)
+        self.blocks: list[int] = manager.take(manager.fixed_blocks)
         self._prefix_hashes: list[str] = []  # cached blocks this sequence reuses
 
     def __len__(self) -> int:
@@ -104,7 +122,7 @@ class SequenceKV:
                 raise InvalidRequest(f"{n_new} new tokens do not fit a window of {self.limit}")
             self._slide(self.offset + n_new - self.limit)
         needed = self._growing_blocks(self.offset + n_new) - (len(self.blocks) - self.manager.fixed_blocks)
-        self.blocks += self.manager.pool.allocate(needed)
+        self.blocks += self.manager.take(needed)
         for layer in self.layers:
             layer.reserve(self.offset + n_new)
 
@@ -172,26 +190,75 @@ class BatchKV:
 
 
 class KVManager:
-    """Creates sequences for one model: the block pool, its budget, and the prefix cache."""
+    """Creates sequences for one model. One block pool and one prefix cache serve every KV
+    precision the model is asked for (`for_precision`), under one byte budget."""
 
-    def __init__(self, specs: Sequence[LayerSpec], config: KVConfig, context_length: int, salt: str = ""):
+    def __init__(self, specs: Sequence[LayerSpec], config: KVConfig, context_length: int, salt: str = "",
+                 *, shared: KVManager | None = None):
         self.specs, self.config, self.salt = list(specs), config, salt
         self.context_length = context_length
         self.bytes_per_token = kv_bytes_per_token(self.specs, config)
-        block_bytes = max(1, self.bytes_per_token * config.block_size)
-        self.pool = BlockPool(block_bytes, config.budget_bytes)
-        self.fixed_blocks = -(-fixed_kv_bytes(self.specs, config) // block_bytes)
-        self.prefix = PrefixIndex(self.pool, config.prefix_cache_bytes) if config.prefix_cache_bytes > 0 else None
+        self.block_bytes = max(1, self.bytes_per_token * config.block_size)
+        self.fixed_blocks = -(-fixed_kv_bytes(self.specs, config) // self.block_bytes)
+        # Prefix hashes carry the precision: an INT4 block never serves an f16 request.
+        self._hash_salt = f"{salt}|{config.k_precision}:{config.v_precision}"
+        if shared is None:
+            self.pool = BlockPool(self.block_bytes, config.budget_bytes)
+            prefix_bytes = auto_prefix_cache_bytes(config) if config.prefix_cache_bytes is None else config.prefix_cache_bytes
+            self.prefix = PrefixIndex(self.pool, prefix_bytes) if prefix_bytes > 0 else None
+            self._variants: dict[tuple[str, str], KVManager] = {}
+        else:
+            self.pool, self.prefix, self._variants = shared.pool, shared.prefix, shared._variants
+        self._variants[(config.k_precision, config.v_precision)] = self
+
+    def for_precision(self, k_precision: str, v_precision: str | None = None) -> KVManager:
+        """This manager's twin for another KV precision, on the same pool, budget and prefix cache."""
+        key = (k_precision, v_precision or k_precision)
+        if key not in self._variants:
+            config = replace(self.config, k_precision=key[0], v_precision=key[1])
+            KVManager(self.specs, config, self.context_length, self.salt, shared=self)
+        return self._variants[key]
+
+    @property
+    def precision(self) -> str:
+        c = self.config
+        return c.k_precision if c.k_precision == c.v_precision else f"{c.k_precision}:{c.v_precision}"
+
+    def hashes(self, tokens: Sequence[int]) -> list[str]:
+        """Chain hashes of the full blocks of `tokens`, as this manager's prefix cache keys them."""
+        return chain_hashes(tokens, self.config.block_size, self._hash_salt)
+
+    # -- the one byte budget -------------------------------------------------------------
+
+    def bytes_needed(self, tokens: int) -> int:
+        """KV bytes a sequence of `tokens` holds at its largest (sliding windows cap it)."""
+        held = tokens if self.config.max_tokens is None else min(tokens, self.config.max_tokens + self.config.block_size)
+        return (-(-held // self.config.block_size) + self.fixed_blocks) * self.block_bytes
+
+    def free_bytes(self) -> int | None:
+        """Bytes a new sequence can have: the budget left plus cached prefixes nobody uses
+        (evicted on demand). None: no budget."""
+        available = self.pool.available_bytes()
+        if available is None:
+            return None
+        return available + (self.prefix.evictable_bytes if self.prefix else 0)
 
     def admit(self, tokens: int) -> None:
         """Refuse, before any work, a request whose KV would not fit the budget."""
+        free = self.free_bytes()
+        needed = self.bytes_needed(tokens)
+        if free is not None and needed > free:
+            raise OutOfMemoryBudget(needed, free)
+
+    def take(self, n: int) -> list[int]:
+        """n blocks of this precision, evicting unused cached prefixes to make room."""
         available = self.pool.available_bytes()
-        if available is None:
-            return
-        held = tokens if self.config.max_tokens is None else min(tokens, self.config.max_tokens + self.config.block_size)
-        needed = (-(-held // self.config.block_size) + self.fixed_blocks) * self.pool.block_bytes
-        if needed > available + (self.prefix.nbytes if self.prefix else 0):  # cached prefixes can be evicted
-            raise OutOfMemoryBudget(needed, available)
+        short = 0 if available is None else n * self.block_bytes - available
+        if short > 0 and self.prefix is not None:
+            self.prefix.evict(short)
+        return self.pool.allocate(n, self.block_bytes)
+
+    # -- sequences and prefixes ----------------------------------------------------------
 
     def make_layer(self, spec: LayerSpec) -> KVCache:
         k, v = codec(self.config.k_precision), codec(self.config.v_precision)
@@ -208,7 +275,7 @@ class KVManager:
 
     def _reuse_prefix(self, seq: SequenceKV, prompt: Sequence[int]) -> int:
         size = self.config.block_size
-        hashes = chain_hashes(prompt[:len(prompt) - 1], size, self.salt)  # keep >= 1 token to compute
+        hashes = self.hashes(prompt[:len(prompt) - 1])  # keep >= 1 token to compute
         payloads = self.prefix.lookup(hashes)
         seq._prefix_hashes = hashes[:len(payloads)]
         reused = len(payloads) * size
@@ -227,12 +294,50 @@ class KVManager:
             return
         size = self.config.block_size
         first = start // size  # blocks completed by the tokens just added
-        for b, h in enumerate(chain_hashes(seq.token_ids, size, self.salt)[first:], start=first):
-            self.prefix.insert(h, [layer.export(b * size, (b + 1) * size) for layer in seq.layers])
+        for b, h in enumerate(self.hashes(seq.token_ids)[first:], start=first):
+            self.prefix.insert(h, [layer.export(b * size, (b + 1) * size) for layer in seq.layers], self.block_bytes)
+
+    def remember(self, h: str, payload: list) -> bool:
+        """Cache one block's KV under its chain hash (the disk tier loads blocks this way)."""
+        return self.prefix is not None and self.prefix.insert(h, payload, self.block_bytes)
+
+    def pin(self, tokens: Sequence[int]) -> list[str]:
+        """Keep the cached blocks of `tokens` from eviction (a session between turns);
+        returns the pinned hashes for unpin()."""
+        if self.prefix is None:
+            return []
+        hashes = self.hashes(tokens)
+        return hashes[:len(self.prefix.lookup(hashes))]
+
+    @property
+    def live_bytes(self) -> int:
+        """KV held by running sequences (the pool's bytes less the prefix cache's)."""
+        return self.pool.used_bytes - (self.prefix.nbytes if self.prefix else 0)
+
+    def forget_prefixes(self) -> None:
+        """Empty the prefix cache (blocks in use stay until their sequences end)."""
+        if self.prefix is not None:
+            self.prefix.clear()
+
+    def pinned_bytes(self, pins: Sequence[str]) -> int:
+        return self.prefix.bytes_of(pins) if self.prefix is not None else 0
+
+    def unpin(self, pins: Sequence[str], *, drop: bool = False) -> int:
+        """Let pinned blocks go; with drop, forget them now. Returns the bytes dropped."""
+        if self.prefix is None or not pins:
+            return 0
+        self.prefix.release(pins)
+        if not drop:
+            return 0
+        nbytes = self.prefix.bytes_of(pins)
+        self.prefix.drop(pins)
+        return nbytes - self.prefix.bytes_of(pins)
 
 
 def fresh_sequence(model, config: KVConfig | None = None) -> SequenceKV:
     """A standalone sequence cache for `model` (tests, evaluation, profiling)."""
     config = config or KVConfig.for_mode(getattr(model, "mode", "fast"))
+    if config.prefix_cache_bytes is None:
+        config = replace(config, prefix_cache_bytes=0)
     manager = KVManager(model.cache_specs(), config, model.config.context_length)
     return manager.new_sequence()[0]

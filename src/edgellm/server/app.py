@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import time
+import traceback
 import uuid
 from typing import Any, AsyncIterator
 
@@ -13,6 +14,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest
 from edgellm.generate import Completion, TokenEvent
@@ -34,8 +36,11 @@ def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
-def _translate(error: Exception) -> APIError:
-    """Our typed errors -> HTTP. Anything else is a bug and stays a 500."""
+def _translate(error: BaseException) -> APIError:
+    """Our typed errors -> HTTP. Anything else is a bug: a 500, its traceback in the log
+    (exception type and stack only; the message may quote user text)."""
+    if isinstance(error, APIError):
+        return error
     if isinstance(error, Busy):
         return APIError(429, str(error), "rate_limit_exceeded", "busy", {"Retry-After": "1"})
     if isinstance(error, ContextOverflow):
@@ -44,15 +49,48 @@ def _translate(error: Exception) -> APIError:
         return APIError(400, str(error), "invalid_request_error")
     if isinstance(error, EdgeLLMError):
         return APIError(503, str(error), "server_error", type(error).__name__)
+    log.error("internal error %s\n%s", type(error).__name__,
+              "".join(traceback.format_tb(error.__traceback__)).rstrip())
     return APIError(500, "internal error", "server_error")
 
 
 WARMUP_MIN_AVAILABLE = 512 * 2**20  # skip warmup when the device has less free memory than this
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming response checks its client is still there
+
+
+class _AuthAndLog:
+    """Checks the API key on /v1/ routes and logs one line per request: id, method, path,
+    status, size and time, never text."""
+
+    def __init__(self, app, api_key: str | None, metrics: Metrics):
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid, start, status = uuid.uuid4().hex[:12], time.perf_counter(), [0]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        path = scope.get("path", "")
+        if self.api_key and path.startswith("/v1/") and headers.get("authorization") != f"Bearer {self.api_key}":
+            self.metrics.errors.labels("401").inc()
+            response = _error_response(APIError(401, "invalid API key", "invalid_request_error", "invalid_api_key"))
+            return await response(scope, receive, send)
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            log.info("request %s %s %s status=%s bytes_in=%s %.3fs", rid, scope.get("method"), path, status[0],
+                     headers.get("content-length", "0"), time.perf_counter() - start)
 
 
 def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit: int = 3,
                timeout_s: float = 15.0, log_text: bool = False, warmup_delay_s: float | None = None,
-               thermal=None, mode: str = "latency", max_batch: int = 4, start_engine: bool = True,
+               thermal=None, max_batch: int = 1, start_engine: bool = True,
                fallback_model=None) -> FastAPI:
     metrics = Metrics()
 
@@ -73,7 +111,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             metrics.degrades.labels(reason).inc()
 
     service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished,
-                      thermal=thermal, mode=mode, max_batch=max_batch, start=start_engine,
+                      thermal=thermal, max_batch=max_batch, start=start_engine,
                       fallback_model=fallback_model)
     app = FastAPI(title="edgellm", version="0.1.0")
     app.state.service, app.state.metrics = service, metrics
@@ -92,30 +130,37 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         return _error_response(APIError(400, f"invalid request: {where}: {first.get('msg', 'bad value')}",
                                         "invalid_request_error"))
 
-    @app.middleware("http")
-    async def _auth_and_log(request: Request, call_next):
-        rid = uuid.uuid4().hex[:12]
-        start = time.perf_counter()
-        if api_key and request.url.path.startswith("/v1/") and \
-                request.headers.get("authorization") != f"Bearer {api_key}":
-            metrics.errors.labels("401").inc()
-            return _error_response(APIError(401, "invalid API key", "invalid_request_error", "invalid_api_key"))
-        response = await call_next(request)
-        log.info("request %s %s %s status=%s bytes_in=%s %.3fs", rid, request.method, request.url.path,
-                 response.status_code, request.headers.get("content-length", "0"), time.perf_counter() - start)
-        return response
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, error: StarletteHTTPException):
+        # Unknown routes, wrong methods, bodies that do not decode: the same OpenAI shape.
+        metrics.errors.labels(str(error.status_code)).inc()
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return _error_response(APIError(error.status_code, str(error.detail), kind))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, error: Exception):
+        api_error = _translate(error)
+        metrics.errors.labels(str(api_error.status)).inc()
+        return _error_response(api_error)
+
+    # A plain ASGI middleware, not @app.middleware("http"): that wrapper runs the response in
+    # another task, which kept a client's disconnect from reaching the streaming response.
+    app.add_middleware(_AuthAndLog, api_key=api_key, metrics=metrics)
 
     def check_model(name: str) -> None:
         if name != model_id:
             raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}",
                            "invalid_request_error", "model_not_found")
 
-    def submit(prompt: Any, body, chat: bool) -> Handle:
+    async def submit(prompt: Any, body, chat: bool) -> Handle:
         check_model(body.model)
-        try:
-            handle = service.submit(ServiceRequest(prompt, body.sampling(), chat, timeout_s))
+        request = ServiceRequest(prompt, body.sampling(), chat, timeout_s)
+        try:  # tokenizing (and trimming a long conversation) runs off the event loop
+            handle = await anyio.to_thread.run_sync(service.submit, request)
         except Busy as error:
             metrics.busy.inc()
+            raise _translate(error) from None
+        except EdgeLLMError as error:
             raise _translate(error) from None
         metrics.queue_depth.set(service.queue_depth)
         if log_text:
@@ -143,37 +188,44 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "edgellm"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest):
+    async def chat(body: ChatRequest, request: Request):
         messages = [m.model_dump() for m in body.messages]
-        return await _respond(submit(messages, body, chat=True), body, "chat.completion")
+        return await _respond(await submit(messages, body, chat=True), body, "chat.completion", request)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        return await _respond(submit(body.prompt, body, chat=False), body, "text_completion")
+    async def completions(body: CompletionRequest, request: Request):
+        return await _respond(await submit(body.prompt, body, chat=False), body, "text_completion", request)
 
-    async def _respond(handle: Handle, body, kind: str):
+    async def _respond(handle: Handle, body, kind: str, request: Request):
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             try:  # the first event decides the status: a bad prompt is a 400, not a broken stream
-                first = await _next(handle)
+                first = await _next(handle, request)
             except BaseException:
                 handle.cancel()
                 raise
             return StreamingResponse(_sse(handle, first, rid, kind, include_usage), media_type="text/event-stream")
-        done = await _wait(handle)
+        done = await _wait(handle, request)
         return _full_response(rid, kind, done, model_id) | {"edgellm": _report(handle, done)}
 
-    async def _next(handle: Handle):
-        event = await anyio.to_thread.run_sync(handle.events.get)
-        if isinstance(event, BaseException):
-            raise _translate(event) if not isinstance(event, APIError) else event
-        return event
+    async def _next(handle: Handle, request: Request | None = None):
+        """The handle's next event; a client that hung up meanwhile cancels the request."""
+        while True:
+            try:
+                event = await anyio.to_thread.run_sync(handle.next_event, DISCONNECT_POLL_S)
+            except Exception as error:
+                raise _translate(error) from None
+            if event is not None:
+                return event
+            if request is not None and await request.is_disconnected():
+                handle.cancel()
+                raise APIError(499, "the client closed the connection", "invalid_request_error", "client_closed")
 
-    async def _wait(handle: Handle) -> Completion:
+    async def _wait(handle: Handle, request: Request) -> Completion:
         try:
             while True:
-                event = await _next(handle)
+                event = await _next(handle, request)
                 if isinstance(event, Completion):
                     return event
         finally:
@@ -266,7 +318,10 @@ def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: 
 
 def _report(handle: Handle, done: Completion) -> dict:
     """edgellm's per-request facts, beside OpenAI's fields (clients ignore unknown ones)."""
-    return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4), **done.timings.as_dict()}
+    plan = handle.plan
+    return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
+            "kv_precision": plan.kv_precision if plan else None, "fallback_model": bool(plan and plan.fallback_model),
+            **done.timings.as_dict()}
 
 
 def _usage_chunk(rid: str, created: int, model_id: str, done: Completion, chat: bool, report: dict) -> str:

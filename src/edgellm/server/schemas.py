@@ -40,7 +40,7 @@ class _Sampling(_Lenient):
     top_k: int = Field(default=0, ge=0)  # extension
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension
     repetition_penalty: float = Field(default=1.0, gt=0.0)  # extension
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     stream: bool = False
@@ -49,7 +49,8 @@ class _Sampling(_Lenient):
 
     def sampling(self) -> dict:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return dict(max_tokens=self.max_completion_tokens or self.max_tokens or 256, temperature=self.temperature,
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return dict(max_tokens=256 if limit is None else limit, temperature=self.temperature,
                     top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                     repetition_penalty=self.repetition_penalty, seed=self.seed, stop=tuple(s for s in stop if s))
 
