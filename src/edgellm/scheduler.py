@@ -128,7 +128,17 @@ class RunningRequest:
     generation: Any  # generate.generator.Generation
     deadline: float
     reserved_bytes: int = 0  # KV it may still grow into (admission counts it as taken)
-    state: RequestState = RequestState.PREFILLING
+    _state: RequestState = RequestState.PREFILLING
+
+    @property
+    def state(self) -> RequestState:
+        return self._state
+
+    @state.setter
+    def state(self, state: RequestState) -> None:
+        self._state = state
+        if self.handle is not None:
+            self.handle.state = state  # what the caller sees
 
     @property
     def expired(self) -> bool:

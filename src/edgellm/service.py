@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from edgellm.engine import Engine
-from edgellm.errors import Busy, ContextOverflow, InvalidRequest
+from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget
 from edgellm.generate import Completion
 from edgellm.scheduler import (FALLBACKS, Ask, DeviceState, ModelRoom, Plan, Policy, RequestState, RunningRequest,
                                StepBudget, next_step, plan_request, turns_to_drop)
@@ -102,6 +102,7 @@ class Service:
         self.engine = Engine()
         self._running: list[RunningRequest] = []
         self._waiting: queue.Queue = queue.Queue()
+        self._deferred: Handle | None = None  # planned but did not fit yet: first in line
         self._lock = threading.Lock()
         self._depth = 0  # accepted, not yet running
         self._stopping = False
@@ -200,27 +201,46 @@ class Service:
             self._running = [r for r in self._running if not r.state.ended]
 
     def _admit(self, block: bool) -> None:
-        """Move waiting requests into the running set while there is room; each gets its plan."""
+        """Move waiting requests into the running set while there is room; each gets its plan.
+        One whose KV does not fit beside the running ones waits for them (first in line)."""
         while len(self._running) < self.max_batch:
-            try:
-                handle = self._waiting.get(block=block, timeout=None if block else 0)
-            except queue.Empty:
+            handle = self._next_waiting(block)
+            if handle is None:
                 return
             block = False
-            if handle is None:
-                self._stopping = True
-                return
-            with self._lock:
-                self._depth -= 1
             handle.started = time.perf_counter()
             if handle.cancelled.is_set():
                 handle.state = RequestState.CANCELLED
                 handle.put(DONE)
                 continue
             try:
-                self._running.append(self._start(handle))
+                request = self._start(handle)
+                self._expire(request)  # its time may have run out in the queue: no work then
+                if not request.state.ended:
+                    self._running.append(request)
+            except OutOfMemoryBudget as error:
+                if not self._running:
+                    self._fail(handle, error)  # it does not fit even alone
+                    continue
+                self._deferred = handle
+                return
             except Exception as error:  # reported to its caller; the engine goes on
                 self._fail(handle, error)
+
+    def _next_waiting(self, block: bool) -> Handle | None:
+        if self._deferred is not None:
+            handle, self._deferred = self._deferred, None
+            return handle
+        try:
+            handle = self._waiting.get(block=block, timeout=None if block else 0)
+        except queue.Empty:
+            return None
+        if handle is None:
+            self._stopping = True
+            return None
+        with self._lock:
+            self._depth -= 1
+        return handle
 
     def _start(self, handle: Handle) -> RunningRequest:
         request = handle.request
@@ -235,10 +255,10 @@ class Service:
         else:
             generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
             handle.kv = generation.kv
-        handle.state = RequestState.PREFILLING
         reserved = generation.kv.bytes_needed(len(handle.prompt_ids) + generation.budget)
         running = RunningRequest(handle, generation, handle.submitted + (request.timeout_s or self.default_timeout_s),
                                  reserved)
+        running.state = RequestState.PREFILLING
         return running
 
     def _room(self, model) -> ModelRoom | None:
@@ -303,7 +323,7 @@ class Service:
 
     @staticmethod
     def _end(request: RunningRequest, state: RequestState) -> Handle:
-        request.state = request.handle.state = state
+        request.state = state
         return request.handle
 
     @staticmethod

@@ -78,3 +78,24 @@ def test_index_respects_pool_budget_shared_with_sequences():
     pool.allocate(2)  # sequences hold the whole budget
     index = PrefixIndex(pool, budget_bytes=100)
     assert index.insert("x", "x") is False and len(index) == 0
+
+
+def test_interrupted_writes_leave_nothing_behind_for_long(tmp_path):
+    import os
+    import time
+
+    from edgellm.atomic import atomic_path, sweep_partials
+
+    target = tmp_path / "cache.bin"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("interrupted")
+    assert not target.exists() and list(tmp_path.iterdir()) == []  # a failed write leaves nothing
+    stale, fresh = tmp_path / ".old.bin.x1.partial", tmp_path / ".live.bin.x2.partial"
+    stale.write_bytes(b"a killed writer's")
+    fresh.write_bytes(b"a live writer's")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"whole")
+    assert target.read_bytes() == b"whole" and not stale.exists() and fresh.exists()
+    assert sweep_partials(tmp_path, older_than_s=0) == 1

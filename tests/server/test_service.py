@@ -147,3 +147,56 @@ def test_throughput_mode_throttles_while_hot(smollm2_path, tmp_path):
     finally:
         svc.close()
         model.close()
+
+
+def test_fallbacks_apply_in_throughput_mode_too(smollm2_path):
+    model = edgellm.load(smollm2_path, kv=KVConfig(budget_bytes=2 * 2**20, prefix_cache_bytes=0))
+    svc = Service(model, max_batch=4)
+    try:
+        handles = [svc.submit(Request("word " * 120, {"max_tokens": 8})) for _ in range(2)]
+        for handle in handles:
+            assert len(_done(handle).token_ids) == 8
+        assert [h.degraded for h in handles] == [["kv_int4_fallback"]] * 2
+        assert model.kv.live_bytes == 0
+    finally:
+        svc.close()
+        model.close()
+
+
+def test_a_long_prompt_is_prefilled_between_the_decode_steps_of_a_running_stream(smollm2_path):
+    from edgellm.generate import TokenEvent
+    from edgellm.scheduler import StepBudget
+
+    model = edgellm.load(smollm2_path)
+    svc = Service(model, max_batch=2, queue_limit=2, step_budget=StepBudget(interleaved_chunk=64))
+    try:
+        running = svc.submit(Request("1, 2, 3,", {"max_tokens": 400, "ignore_eos": True, "temperature": 0},
+                                     timeout_s=120))
+        tokens = iter(running)
+        for _ in range(5):
+            next(tokens)  # the stream is decoding
+        long = svc.submit(Request("The harbour light turns. " * 300, {"max_tokens": 1}, timeout_s=120))
+        during = 0
+        while long.state.value in ("waiting", "prefilling"):
+            assert isinstance(next(tokens), TokenEvent)
+            during += 1
+        prompt = _done(long).timings.prompt_tokens
+        assert prompt > 1500 and during >= prompt // 64 - 2  # one decode step per 64-token chunk
+    finally:
+        svc.close()
+        model.close()
+
+
+def test_the_deadline_counts_from_acceptance_not_from_the_start_of_work(smollm2_path):
+    model = edgellm.load(smollm2_path)
+    svc = Service(model, queue_limit=2)
+    try:
+        body = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+        first = svc.submit(Request("Once upon a time", body, timeout_s=60))
+        queued = svc.submit(Request("Once upon a time", body, timeout_s=0.3))
+        _done(first)
+        late = _done(queued)
+        assert late.finish_reason == "timeout" and late.token_ids == ()  # its time ran out in the queue
+    finally:
+        svc.close()
+        model.close()

@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from edgellm.atomic import atomic_path
 from edgellm.quant.int4_pack import LAYOUT_VERSION
 from edgellm.quant.linear import DenseLinear, Int4Linear, fast_dtype
 from edgellm.registry import cache_dir
@@ -84,15 +84,8 @@ class PackCache:
         from safetensors.torch import save_file
 
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".partial")
-            os.close(fd)
-            try:
-                save_file(self._tensors, tmp, metadata={"linears": json.dumps(self._meta)})
-                os.replace(tmp, self.path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            with atomic_path(self.path) as tmp:
+                save_file(self._tensors, str(tmp), metadata={"linears": json.dumps(self._meta)})
         except OSError:
             pass
         self.dirty = False

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from edgellm.atomic import atomic_path
 from edgellm.errors import ModelFormatError, TokenizerError, UnsupportedModel
 from edgellm.formats.safetensors import PAD_PREFIX, SafetensorsFile, write_safetensors
 from edgellm.formats.strings import StringArray, pack_strings
@@ -101,15 +100,8 @@ def save_quantized(model: QuantizedModel, path: str | Path) -> int:
         "content_sha256": _content_hash((k, v.view(torch.uint8).reshape(-1)) for k, v in sorted(tensors.items())),
     }
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
-    os.close(fd)
-    try:
-        write_safetensors(tmp, tensors, metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        write_safetensors(str(tmp), tensors, metadata)
     return path.stat().st_size
 
 

@@ -4,8 +4,6 @@ layer shapes are recorded and checked, so a file never feeds the wrong model."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -13,6 +11,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from edgellm.atomic import atomic_path
 from edgellm.errors import KVStateMismatch
 from edgellm.kv.sequence import KVManager
 
@@ -38,15 +37,8 @@ def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path) -> 
                    for layer, parts in enumerate(payload) for name, t in parts.items()}
         meta = _identity(manager) | {"tokens": json.dumps(list(tokens[:len(payloads) * manager.config.block_size])),
                                      "blocks": str(len(payloads))}
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata=meta)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
     finally:
         manager.prefix.release(hashes[:len(payloads)])
     return len(payloads) * manager.config.block_size

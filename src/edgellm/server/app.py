@@ -58,6 +58,20 @@ WARMUP_MIN_AVAILABLE = 512 * 2**20  # skip warmup when the device has less free 
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming response checks its client is still there
 
 
+class _ClientWatch:
+    """Whether a client has hung up, asked of the server at most every DISCONNECT_POLL_S
+    (a streaming response learns it from Starlette; a waiting one must ask)."""
+
+    def __init__(self, request: Request):
+        self.request, self.checked = request, time.perf_counter()
+
+    async def gone(self) -> bool:
+        if time.perf_counter() - self.checked < DISCONNECT_POLL_S:
+            return False
+        self.checked = time.perf_counter()
+        return await self.request.is_disconnected()
+
+
 class _AuthAndLog:
     """Checks the API key on /v1/ routes and logs one line per request: id, method, path,
     status, size and time, never text."""
@@ -201,7 +215,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             try:  # the first event decides the status: a bad prompt is a 400, not a broken stream
-                first = await _next(handle, request)
+                first = await _next(handle, _ClientWatch(request))
             except BaseException:
                 handle.cancel()
                 raise
@@ -209,23 +223,24 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         done = await _wait(handle, request)
         return _full_response(rid, kind, done, model_id) | {"edgellm": _report(handle, done)}
 
-    async def _next(handle: Handle, request: Request | None = None):
-        """The handle's next event; a client that hung up meanwhile cancels the request."""
+    async def _next(handle: Handle, client: _ClientWatch | None = None):
+        """The handle's next event; a watched client that hung up meanwhile cancels it."""
         while True:
             try:
                 event = await anyio.to_thread.run_sync(handle.next_event, DISCONNECT_POLL_S)
             except Exception as error:
                 raise _translate(error) from None
-            if event is not None:
-                return event
-            if request is not None and await request.is_disconnected():
+            if client is not None and await client.gone():
                 handle.cancel()
                 raise APIError(499, "the client closed the connection", "invalid_request_error", "client_closed")
+            if event is not None:
+                return event
 
     async def _wait(handle: Handle, request: Request) -> Completion:
+        client = _ClientWatch(request)
         try:
             while True:
-                event = await _next(handle, request)
+                event = await _next(handle, client)
                 if isinstance(event, Completion):
                     return event
         finally:

@@ -18,8 +18,6 @@ text in the input maps to the single token, as llama.cpp does.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
 
+from edgellm.atomic import atomic_path
 from edgellm.errors import TokenizerError
 from edgellm.registry import cache_dir
 from edgellm.tokenizer.vocab import TokenType, Vocab
@@ -229,15 +228,8 @@ def _save_atomically(backend: Backend, path: Path) -> None:
     # Write-then-rename so a concurrent reader never sees half a file; a read-only cache only
     # costs speed, so failures are ignored.
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
-        os.close(fd)
-        try:
-            backend.save(tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_path(path) as tmp:
+            backend.save(str(tmp))
     except Exception:  # OSError, or tokenizers' own error type from save()
         pass
 

@@ -1,0 +1,109 @@
+"""The scheduler's policy as pure functions: admission by one byte budget, the fallback chain,
+thermal rules, conversation trimming and what each engine step runs. No model needed."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from edgellm.errors import ContextOverflow, InvalidRequest, OutOfMemoryBudget
+from edgellm.scheduler import (Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest, StepBudget,
+                               next_step, plan_request, turns_to_drop)
+
+BYTES_PER_TOKEN = {"f16": 100, "int8": 50, "int4": 25}
+
+
+def room(free: int | None, context: int = 1000, precision: str = "f16", scale: int = 1) -> ModelRoom:
+    return ModelRoom(context, precision, lambda p, n: BYTES_PER_TOKEN[p] * n * scale, free)
+
+
+ASK = Ask(prompt_tokens=300, max_tokens=100)  # 400 tokens of KV: f16 40,000 B, int4 10,000 B
+
+
+def test_a_request_that_fits_runs_as_configured():
+    plan = plan_request(ASK, room(free=None), None, DeviceState())
+    assert (plan.fallback_model, plan.kv_precision, plan.degraded) == (False, "f16", ())
+    assert plan_request(ASK, room(free=40_000), None, DeviceState()).kv_precision == "f16"
+
+
+def test_short_budget_takes_int4_kv_then_the_smaller_model():
+    plan = plan_request(ASK, room(free=20_000), None, DeviceState())
+    assert (plan.kv_precision, plan.degraded) == ("int4", ("kv_int4_fallback",))
+    plan = plan_request(ASK, room(free=5_000), room(free=None, scale=0), DeviceState())
+    assert plan.fallback_model and plan.kv_precision == "f16"
+    assert plan.degraded == ("kv_int4_fallback", "smaller_model")
+
+
+def test_the_policy_decides_which_fallbacks_apply():
+    strict = Policy(fallbacks=("shorter_context",))
+    with pytest.raises(OutOfMemoryBudget) as info:
+        plan_request(ASK, room(free=20_000), room(free=None), DeviceState(), strict)
+    assert info.value.needed_bytes == 40_000 and info.value.available_bytes == 20_000
+    with pytest.raises(OutOfMemoryBudget):  # nothing fits even the smaller model
+        plan_request(ASK, room(free=5_000), room(free=5_000), DeviceState())
+    with pytest.raises(InvalidRequest):
+        Policy(fallbacks=("pray",))
+
+
+def test_hot_device_gets_the_hot_precision_and_the_smaller_model():
+    policy = Policy(hot_precision="int8")
+    plan = plan_request(ASK, room(free=None), None, DeviceState(hot=True), policy)
+    assert (plan.fallback_model, plan.kv_precision, plan.degraded) == (False, "int8", ("thermal_kv_fallback",))
+    plan = plan_request(ASK, room(free=None), room(free=None), DeviceState(hot=True), policy)
+    assert plan.fallback_model and set(plan.degraded) == {"smaller_model", "thermal_kv_fallback"}
+    assert plan_request(ASK, room(free=None), None, DeviceState(hot=True), Policy(hot_precision=None)).degraded == ()
+
+
+def test_generation_budget_stops_at_the_context():
+    # 990 prompt tokens in a 1,000 context: at most 10 generated, so 1,000 tokens of KV
+    assert plan_request(Ask(990, 500), room(free=100_000), None, DeviceState()).kv_precision == "f16"
+    with pytest.raises(OutOfMemoryBudget):
+        plan_request(Ask(990, 500), room(free=99_999), None, DeviceState(), Policy(fallbacks=()))
+
+
+def test_turns_to_drop_finds_the_fewest_oldest_turns():
+    assert turns_to_drop(900, [300, 300, 300], context=1000, allowed=True) == 0
+    assert turns_to_drop(1500, [300, 300, 300], context=1000, allowed=True) == 2  # 1500 -> 1200 -> 900
+    with pytest.raises(ContextOverflow) as info:
+        turns_to_drop(1500, [100, 100], context=1000, allowed=True)
+    assert info.value.prompt_tokens == 1500  # the error names the whole prompt
+    with pytest.raises(ContextOverflow):
+        turns_to_drop(1500, [300, 300, 300], context=1000, allowed=False)
+
+
+def _running(state: RequestState, prompt_left: int = 0) -> RunningRequest:
+    request = RunningRequest(handle=None, generation=SimpleNamespace(prompt_left=prompt_left), deadline=0)
+    request.state = state
+    return request
+
+
+def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
+    budget = StepBudget(prefill_chunk=512, interleaved_chunk=64)
+    a, b = _running(RequestState.DECODING), _running(RequestState.DECODING)
+    new, newer = _running(RequestState.PREFILLING, 2000), _running(RequestState.PREFILLING, 10)
+    step = next_step([a, new, b, newer], budget)
+    assert step.decode == [a, b] and step.prefill == [(new, 64)]  # small chunks while others decode
+    alone = next_step([new, newer], budget)
+    assert alone.decode == [] and alone.prefill == [(new, 512)]
+    assert next_step([newer], budget).prefill == [(newer, 10)]
+    assert next_step([], budget).prefill == [] and next_step([], budget).decode == []
+
+
+def test_one_pool_and_budget_serve_every_kv_precision():
+    from edgellm.kv import KVConfig, KVManager, LayerSpec
+
+    specs = [LayerSpec(kv_heads=2, head_dim=64, window=None, rotate=None)] * 4
+    f16 = KVManager(specs, KVConfig(block_size=16, budget_bytes=2_000_000, prefix_cache_bytes=50_000), 4096)
+    int4 = f16.for_precision("int4")
+    assert int4.pool is f16.pool and int4.prefix is f16.prefix and f16.for_precision("int4") is int4
+    assert int4.block_bytes < f16.block_bytes
+    a, _ = f16.new_sequence()
+    a.prepare(300)
+    b, _ = int4.new_sequence()
+    b.prepare(300)
+    assert f16.pool.used_bytes == len(a.blocks) * f16.block_bytes + len(b.blocks) * int4.block_bytes
+    with pytest.raises(OutOfMemoryBudget):  # the two precisions share one budget
+        f16.new_sequence()[0].prepare(1000)
+    a.release()
+    b.release()
+    assert f16.pool.used_bytes == 0
