@@ -3,6 +3,8 @@ own PyTorch layers on the same weights and the same native GEMVs: same logits, s
 every KV precision it stores, and for a batch of sequences of different lengths."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -15,16 +17,24 @@ from edgellm.kv.codecs import CODECS
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (a C compiler)")
 
 
+@contextmanager
+def pytorch_layers(net):
+    """The model's PyTorch decode path (its reference) for the duration."""
+    decoder, net.decoder = net.decoder, None
+    try:
+        yield
+    finally:
+        net.decoder = decoder
+
+
 def _decode_logits(model, ids: list[int], steps: int, fused: bool,
                    feed: list[int] | None = None) -> tuple[list[torch.Tensor], list[int]]:
     """Logits of `steps` decode steps after the prompt `ids`, and the tokens fed: greedy, or the
     tokens `feed` (so both paths see the same inputs even where a near-tie picks another token)."""
     net = model.net
-    if not fused:
-        net.__dict__["_fused"] = None  # the PyTorch path
     seq, _ = model.kv.new_sequence()
     out, fed = [], []
-    with torch.inference_mode():
+    with torch.inference_mode(), (pytorch_layers(net) if not fused else _nothing()):
         seq.prepare(len(ids))
         logits = net(torch.tensor([ids]), seq, last_only=True)
         for step in range(steps):
@@ -32,14 +42,18 @@ def _decode_logits(model, ids: list[int], steps: int, fused: bool,
             fed.append(token)
             seq.prepare(1)
             if fused:  # straight to the native step, which must take this case
-                logits = fused_step(net, torch.tensor([[token]]), seq)
+                logits = fused_step(net.decoder, torch.tensor([[token]]), seq)
                 assert logits is not None
             else:
                 logits = net(torch.tensor([[token]]), seq, last_only=True)
             out.append(logits[0, -1])
     seq.release()
-    net.__dict__.pop("_fused", None)
     return out, fed
+
+
+@contextmanager
+def _nothing():
+    yield
 
 
 # Gemma's looser bound: PyTorch rounds the inputs of its dense linears, the C layer keeps fp32
@@ -98,10 +112,9 @@ def test_quantized_kv_step_from_the_same_cache(name, tolerance, k, v, request):
                 fused_seq.prepare(plain_seq.offset + 1)
                 _copy_state(fused_seq, plain_seq)
                 plain_seq.prepare(1)
-                net.__dict__["_fused"] = None  # the PyTorch path
-                plain = net(torch.tensor([[token]]), plain_seq, last_only=True)[0, -1]
-                net.__dict__.pop("_fused")
-                fused = fused_step(net, torch.tensor([[token]]), fused_seq)[0, -1]
+                with pytorch_layers(net):
+                    plain = net(torch.tensor([[token]]), plain_seq, last_only=True)[0, -1]
+                fused = fused_step(net.decoder, torch.tensor([[token]]), fused_seq)[0, -1]
                 if tolerance is None:
                     kl = torch.nn.functional.kl_div(fused.log_softmax(-1), plain.log_softmax(-1), log_target=True,
                                                     reduction="sum")
@@ -118,7 +131,7 @@ def test_every_kv_precision_runs_natively(smollm2_path):
         with edgellm.load(smollm2_path, kv=KVConfig(k_precision=precision, v_precision=precision)) as model:
             seq, _ = model.kv.new_sequence()
             seq.prepare(1)
-            assert fused_step(model.net, torch.tensor([[1]]), seq) is not None, precision
+            assert fused_step(model.net.decoder, torch.tensor([[1]]), seq) is not None, precision
             seq.release()
 
 
@@ -147,10 +160,10 @@ def test_a_batch_decodes_like_each_sequence_alone(name, kv, tolerance, request):
                 tokens = torch.tensor([[t] for _, t in batch])
                 for seq, _ in batch + alone:
                     seq.prepare(1)
-                together = fused_step(model.net, tokens, BatchKV([s for s, _ in batch]))
+                together = fused_step(model.net.decoder, tokens, BatchKV([s for s, _ in batch]))
                 assert together is not None and together.shape[0] == len(PROMPTS)
                 for i, (seq, token) in enumerate(alone):
-                    one = fused_step(model.net, torch.tensor([[token]]), seq)
+                    one = fused_step(model.net.decoder, torch.tensor([[token]]), seq)
                     assert (together[i, -1] - one[0, -1]).abs().max() < tolerance * one.abs().max()
                     alone[i] = (seq, int(one[0, -1].argmax()))
                 batch = [(s, int(together[i, -1].argmax())) for i, (s, _) in enumerate(batch)]

@@ -43,7 +43,7 @@ prompt = "The quick brown fox jumps over the lazy dog. " * 6  # more rows than t
 with recorder:
     model.generate(prompt, max_tokens=3, ignore_eos=True)
 from edgellm.service import Service
-service = Service(model, mode="throughput", max_batch=4)
+service = Service(model, max_batch=4)
 with recorder:
     for session in [service.init(temperature=0) for _ in range(2)]:
         list(session.infer("Hi there"))

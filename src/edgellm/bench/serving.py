@@ -1,5 +1,6 @@
-"""Aggregate decode throughput of the service with 1, 2, 4 concurrent streams, in throughput
-mode (continuous batching) against latency mode (one at a time)."""
+"""The service under load: aggregate decode throughput with 1, 2, 4 concurrent streams in
+throughput mode (continuous batching) against latency mode (one at a time), and a running
+stream's inter-token gaps while a long prompt arrives (chunked prefill between its steps)."""
 from __future__ import annotations
 
 import statistics
@@ -57,3 +58,45 @@ def _run(model, mode: str, n: int, tokens: int) -> dict:
     service.close()
     generated = sum(len(c.token_ids) for c in done)
     return dict(tokens=generated, seconds=round(elapsed, 2), aggregate_tok_s=round(generated / elapsed, 1))
+
+
+def interleaving(model_name: str = "smollm2-135m", prompt_tokens: int = 2000, stream_tokens: int = 300,
+                 rounds: int = 3) -> dict:
+    """A stream decodes; after 20 of its tokens a `prompt_tokens` prompt arrives. The stream's
+    inter-token gaps (median, p99, max) over its whole run, and over the newcomer's prefill."""
+    import edgellm
+    from edgellm.bench.engines import bench_prompt
+    from edgellm.generate import TokenEvent
+    from edgellm.service import Request, Service
+
+    model = edgellm.load(model_name)
+    prompt = bench_prompt(model.tokenizer, prompt_tokens)
+    runs = []
+    for r in range(rounds):
+        model.kv.forget_prefixes()
+        service = Service(model, max_batch=4, queue_limit=4)
+        stream = service.submit(Request(f"{r}: 1, 2, 3,", {"max_tokens": stream_tokens, "ignore_eos": True},
+                                        timeout_s=600))
+        times, newcomer = [], None
+        for event in stream:
+            if isinstance(event, TokenEvent):
+                times.append(time.perf_counter())
+                if len(times) == 20:
+                    newcomer = service.submit(Request(prompt, {"max_tokens": 1}, timeout_s=600))
+                    arrived = time.perf_counter()
+        first_token = arrived + next(e for e in newcomer if isinstance(e, Completion)).timings.ttft_s
+        service.close()
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        during = [b - a for a, b in zip(times, times[1:]) if arrived <= b <= first_token]
+        runs.append(dict(median_gap_s=statistics.median(gaps), p99_gap_s=_percentile(gaps, 0.99), max_gap_s=max(gaps),
+                         median_gap_during_prefill_s=statistics.median(during) if during else None,
+                         newcomer_ttft_s=first_token - arrived))
+    model.close()
+    summary = {k: statistics.median(run[k] for run in runs) for k in runs[0] if runs[0][k] is not None}
+    summary["p99_vs_median"] = round(summary["p99_gap_s"] / summary["median_gap_s"], 2)
+    return dict(model=model_name, prompt_tokens=prompt_tokens, stream_tokens=stream_tokens, rounds=rounds, **summary)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -89,9 +89,9 @@ def _bench_memory(model_name: str, args: argparse.Namespace) -> int:
     from edgellm.bench import memory
 
     if args.serving:
-        from edgellm.bench.serving import throughput
+        from edgellm.bench.serving import interleaving, throughput
 
-        report = throughput(model_name)
+        report = dict(throughput=throughput(model_name), interleaving=interleaving(model_name))
     elif args.memory:
         report = memory.memory_report(model_name)
         if args.plot:

@@ -22,9 +22,9 @@ import torch
 
 from edgellm.kernels.isa import Variant, selected
 
-SOURCES = ("simd.h", "activation.h", "intdot.h", "int4_layout.h", "layer_types.h", "kv_codec.h", "decode_attention.h", "norm_rope.h", "layer_ops.h", "int4_gemv.c",
-           "block_gemv.c", "dequant.c", "attention.c", "act.c", "rope.c", "norm.c", "layer_ops.c", "llama_layer.c",
-           "gemma3_layer.c")
+# Every C file and header of this package: a new native layer file (e.g. <family>_layer.c) is
+# compiled without being listed anywhere.
+SOURCES = tuple(sorted(r.name for r in resources.files("edgellm.kernels").iterdir() if r.name.endswith((".c", ".h"))))
 COMMON_FLAGS = ["-O3", "-shared", "-fPIC"]
 
 _p, _i, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float

@@ -1,17 +1,25 @@
 """A decode step with one native call per layer (llama_layer.c, gemma3_layer.c) instead of
 ~70 eager ops per layer, for one sequence or a batch of up to MAX_SEQS.
 
+A model owns its decoder (`model.decoder`, built by `FusedDecoder.build`) and tells it what it
+needs through public parts only (the `NativeModel` protocol below): the name of its C layer
+function and the MLP activation that function applies, its embedding scale, the RoPE tables of
+each layer, and per block its four projections and the vectors (norms, biases) the layer
+struct points to, in the C struct's order. Caches are read through their public `stores`,
+`slot_positions` and `capacity`, and told with `mark_written` what the C layers appended.
+
 It applies in fast mode when everything the C layers assume holds: one new token per sequence,
 every projection on edgellm's INT4 kernel (`Int4Linear`), on GGUF blocks or INT8 rows in place
-(`BlockLinear`) or dense, the architecture's own MLP activation, and KV stores in f32, f16, int8
-or int4 (kv/codecs.py), dense or Gemma's sliding rings.
+(`BlockLinear`) or dense, the model's MLP activation, and KV stores in f32, f16, bf16, int8 or
+int4 (kv/codecs.py), dense or sliding rings.
 Otherwise `step` returns None and the model runs its PyTorch code — which stays the
-reference: tests/quant/test_decode.py checks that the two agree."""
+reference: tests/kernels/test_decode.py checks that the two agree."""
 from __future__ import annotations
 
 import ctypes
-import math
+import functools
 import weakref
+from typing import Protocol, Sequence
 
 import torch
 
@@ -54,13 +62,29 @@ class _LayerDims(ctypes.Structure):
 _WEIGHTS = [("qkv", _Projection), ("o", _Projection), ("gate_up", _Projection), ("down", _Projection)]
 
 
-class _LlamaLayer(ctypes.Structure):
-    _fields_ = [("dims", _LayerDims), ("attn_norm", _p), ("mlp_norm", _p), ("qkv_bias", _p)] + _WEIGHTS
+@functools.cache
+def _layer_struct(n_vectors: int) -> type[ctypes.Structure]:
+    """A C layer struct: dims, the block's vectors (norm weights, biases; NULL where absent),
+    then the four projections (llama_layer.c: 3 vectors, gemma3_layer.c: 6)."""
+    fields = [("dims", _LayerDims)] + [(f"vector{i}", _p) for i in range(n_vectors)] + _WEIGHTS
+    return type(f"_Layer{n_vectors}", (ctypes.Structure,), {"_fields_": fields})
 
 
-class _GemmaLayer(ctypes.Structure):
-    _fields_ = [("dims", _LayerDims)] + [(n, _p) for n in ("attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm",
-                                          "q_norm", "k_norm")] + _WEIGHTS
+class NativeBlock(Protocol):
+    attn_norm: torch.nn.Module  # its eps is the layer's
+    attn: torch.nn.Module  # attn.scale, attn.qkv_proj, attn.o_proj
+    mlp: torch.nn.Module  # mlp.activation, mlp.gate_up_proj, mlp.down_proj
+
+    def native_vectors(self) -> list[torch.Tensor | None]: ...
+
+
+class NativeModel(Protocol):
+    native_layer: str  # the exported C function running one block's decode step
+    native_activation: str  # the MLP activation that function applies
+    embed_scale: float
+    blocks: Sequence[NativeBlock]
+
+    def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def _weight(linear) -> _Projection:
@@ -93,13 +117,11 @@ def _linears(block) -> list:
 class FusedDecoder:
     """Per-layer descriptors for one model (keeping alive every tensor they point into)."""
 
-    def __init__(self, net, max_len: int):
+    def __init__(self, net: NativeModel, max_len: int):
         cfg, self.net, self.lib = net.config, net, kernels.library()
-        self.gemma = cfg.architecture == "gemma3"
         self._keep: list = []
         self.layers = [self._describe(block, cfg, max_len) for block in net.blocks]
-        name = "edgellm_gemma3_layer" if self.gemma else "edgellm_llama_layer"
-        self.run_layer = getattr(self.lib, name)
+        self.run_layer = getattr(self.lib, net.native_layer)
         self.run_layer.restype = None
         self.buf = torch.empty(self.lib.edgellm_layer_floats(ctypes.byref(self.layers[0].dims), MAX_SEQS),
                                dtype=torch.float32)
@@ -111,31 +133,25 @@ class FusedDecoder:
         self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @classmethod
-    def build(cls, net, max_len: int) -> FusedDecoder | None:
-        activation = "gelu_tanh" if net.config.architecture == "gemma3" else "silu"
-        if getattr(net, "mode", "fast") != "fast" or net.config.head_dim % 32:
-            return None  # exact mode is PyTorch's; RoPE works on half-heads of 16-float vectors
+    def build(cls, net: NativeModel, mode: str) -> FusedDecoder | None:
+        """The decoder for `net`, or None where the PyTorch layers must run: exact mode (the
+        reference), no compiler, or weights and shapes the C layers do not read."""
+        if mode != "fast" or net.config.head_dim % 32:
+            return None  # RoPE works on half-heads of 16-float vectors
         for block in net.blocks:
-            if not all(_native(m) for m in _linears(block)):
+            if not all(_native(m) for m in _linears(block)) or block.mlp.activation != net.native_activation:
                 return None
-            if block.mlp.activation != activation:
-                return None
-        return cls(net, max_len) if kernels.library() is not None else None
+        if kernels.library() is None or not hasattr(kernels.library(), net.native_layer):
+            return None
+        return cls(net, net.config.context_length)
 
-    def _describe(self, block, cfg, max_len: int):
-        attn = block.attn
+    def _describe(self, block: NativeBlock, cfg, max_len: int):
         dims = _LayerDims(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                          max_len, block.attn_norm.eps, attn.scale)
-        weights = [_weight(m) for m in _linears(block)]
-        if self.gemma:
-            norms = [block.attn_norm, block.post_attn_norm, block.mlp_norm, block.post_mlp_norm, attn.q_norm,
-                     attn.k_norm]
-            self._keep += [n.weight for n in norms]
-            return _GemmaLayer(dims, *(n.weight.data_ptr() for n in norms), *weights)
-        bias = attn.qkv_bias.float().contiguous() if attn.qkv_bias is not None else None
-        self._keep += [block.attn_norm.weight, block.mlp_norm.weight, bias]
-        return _LlamaLayer(dims, block.attn_norm.weight.data_ptr(), block.mlp_norm.weight.data_ptr(),
-                           bias.data_ptr() if bias is not None else None, *weights)
+                          max_len, block.attn_norm.eps, block.attn.scale)
+        vectors = [None if v is None else v.float().contiguous() for v in block.native_vectors()]
+        self._keep += vectors
+        pointers = [None if v is None else v.data_ptr() for v in vectors]
+        return _layer_struct(len(vectors))(dims, *pointers, *(_weight(m) for m in _linears(block)))
 
     def step(self, tokens: torch.Tensor, caches) -> torch.Tensor | None:
         """Logits (B, 1, V) for one token of each of B sequences, or None if the caches do not fit."""
@@ -150,19 +166,18 @@ class FusedDecoder:
         m = len(per_seq)
         ropes = self._ropes(torch.tensor(pos))
         x = self.net.embed(tokens).reshape(m, -1).float()
-        if self.gemma:
-            x = x * math.sqrt(self.net.config.hidden_size)
+        if self.net.embed_scale != 1.0:
+            x = x * self.net.embed_scale
         x = x.contiguous()
         positions = (_i64 * m)(*pos)
         threads, buf, work = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
-        for i, (desc, block) in enumerate(zip(self.layers, self.net.blocks)):
-            cos, sin = ropes[getattr(block, "sliding", False)]
+        for i, (desc, (cos, sin)) in enumerate(zip(self.layers, ropes)):
             slots = (_KVSlots * m)(*(self._slots(layers[i], p) for layers, p in zip(per_seq, pos)))
             with kernels.profiled("edgellm::decode_layer"):
                 self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), ctypes.c_int(m), _p(cos.data_ptr()),
                                _p(sin.data_ptr()), slots, positions, buf, work, ctypes.c_int(threads))
-            for layers, p in zip(per_seq, pos):
-                layers[i].offset = p + 1
+            for layers in per_seq:
+                layers[i].mark_written(1)
         return self.net.lm_head(self.net.norm(x.view(m, 1, -1))).float()
 
     def _view(self, cache) -> _CacheView:
@@ -172,20 +187,19 @@ class FusedDecoder:
         return view
 
     def _slots(self, cache, pos: int) -> _KVSlots:
-        if not isinstance(cache, RingCache):
-            cache.reserve(pos + 1)  # already done by SequenceKV.prepare; not by callers passing bare caches
+        cache.reserve(pos + 1)  # done by SequenceKV.prepare already; not by callers passing bare caches
         view, held = self._view(cache), _tensors(cache)
         if len(held) != len(view.held) or any(ref() is not t for ref, t in zip(view.held, held)):
             view.held, view.slots = tuple(weakref.ref(t) for t in held), _slots(cache)
         return view.slots
 
-    def _ropes(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
-        """(cos, sin) (B, D) of each sequence's position, keyed by 'sliding layer?' (Gemma's two RoPE bases)."""
+    def _ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, (cos, sin) (B, D) of each sequence's position (tables shared between layers
+        are converted once)."""
+        converted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         rows = lambda pair: tuple(t.reshape(positions.shape[0], -1).contiguous() for t in pair)  # noqa: E731
-        if self.gemma:
-            return {True: rows(self.net.rotary_local(positions)), False: rows(self.net.rotary_global(positions))}
-        both = rows(self.net.rotary(positions))
-        return {False: both, True: both}
+        per_layer = self.net.rope_per_layer(positions)
+        return [converted.setdefault(id(pair), rows(pair)) for pair in per_layer]
 
 
 def _sequence_layers(caches) -> list[list] | None:
@@ -195,11 +209,9 @@ def _sequence_layers(caches) -> list[list] | None:
 
 
 def _store(store) -> _KVStore:
-    """A TokenStore's parts (kv/store.py) as kv_codec.h's KVStore."""
-    parts = store.parts
-    main = parts["x"] if "x" in parts else parts["q"]
-    scale, low = parts.get("scale"), parts.get("min")
-    return _KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
+    """A TokenStore (kv/store.py) as kv_codec.h's KVStore."""
+    values, scale, low = store.buffers()
+    return _KVStore(values.data_ptr(), None if scale is None else scale.data_ptr(),
                     None if low is None else low.data_ptr(), _codec_code(store.codec))
 
 
@@ -213,14 +225,15 @@ class _CacheView:
 
 
 def _tensors(cache) -> tuple:
-    ring = (cache.positions,) if isinstance(cache, RingCache) else ()
-    return (*cache.k.parts.values(), *cache.v.parts.values(), *ring)
+    k, v = cache.stores
+    held = (*k.buffers(), *v.buffers(), cache.slot_positions)
+    return tuple(t for t in held if t is not None)
 
 
 def _slots(cache) -> _KVSlots:
-    if isinstance(cache, RingCache):
-        return _KVSlots(_store(cache.k), _store(cache.v), cache.window, cache.positions.data_ptr())
-    return _KVSlots(_store(cache.k), _store(cache.v), cache.k.capacity, None)
+    k, v = cache.stores
+    ring = cache.slot_positions
+    return _KVSlots(_store(k), _store(v), cache.capacity, None if ring is None else ring.data_ptr())
 
 
 def _codec_code(codec) -> int | None:
@@ -232,15 +245,14 @@ def _codec_code(codec) -> int | None:
 
 
 def _native_cache(cache) -> bool:
-    return (type(cache) in (DenseCache, RingCache) and cache.k.batch == 1 and _codec_code(cache.k.codec) is not None
-            and _codec_code(cache.v.codec) is not None)
+    if type(cache) not in (DenseCache, RingCache):
+        return False
+    k, v = cache.stores
+    return k.batch == 1 and _codec_code(k.codec) is not None and _codec_code(v.codec) is not None
 
 
-def fused_step(net, tokens: torch.Tensor, caches) -> torch.Tensor | None:
-    """The native decode step for `net` if it applies (decoder built once per model)."""
-    if tokens.dim() != 2 or tokens.shape[1] != 1:
+def fused_step(decoder: FusedDecoder | None, tokens: torch.Tensor, caches) -> torch.Tensor | None:
+    """The native decode step when the model has a decoder and the step is one token per sequence."""
+    if decoder is None or tokens.dim() != 2 or tokens.shape[1] != 1:
         return None
-    if "_fused" not in net.__dict__:
-        net.__dict__["_fused"] = FusedDecoder.build(net, net.config.context_length)
-    decoder = net.__dict__["_fused"]
-    return decoder.step(tokens, caches) if decoder is not None else None
+    return decoder.step(tokens, caches)

@@ -45,6 +45,15 @@ class KVCache(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    # What native kernels read and write in place (kernels/decode.py):
+    @property
+    def stores(self) -> tuple[TokenStore, TokenStore]: ...  # K and V
+    @property
+    def capacity(self) -> int: ...  # token slots allocated
+    @property
+    def slot_positions(self) -> torch.Tensor | None: ...  # a ring's position per slot (-1: empty)
+    def mark_written(self, n: int) -> None: ...  # n tokens were appended in place
+
 
 def causal_mask(t: int, s: int, window: int | None = None) -> torch.Tensor:
     """CAUSAL (or SlidingCausal) as a (T, S) bool mask: query i (position S - T + i) sees keys
@@ -115,6 +124,24 @@ class DenseCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    # -- for native kernels that read and append in place --------------------------------
+
+    @property
+    def stores(self) -> tuple[TokenStore, TokenStore]:
+        return self.k, self.v
+
+    @property
+    def capacity(self) -> int:
+        return self.k.capacity
+
+    @property
+    def slot_positions(self) -> torch.Tensor | None:
+        return None  # slot i holds position i
+
+    def mark_written(self, n: int) -> None:
+        """n tokens were appended in place (within reserve()d capacity)."""
+        self.offset += n
 
 
 
@@ -224,6 +251,25 @@ class RingCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.positions.numel() * 8
+
+    # -- for native kernels that read and append in place --------------------------------
+
+    @property
+    def stores(self) -> tuple[TokenStore, TokenStore]:
+        return self.k, self.v
+
+    @property
+    def capacity(self) -> int:
+        return self.window
+
+    @property
+    def slot_positions(self) -> torch.Tensor:
+        """Each slot's position (-1: empty); a native writer updates it with the slot."""
+        return self.positions
+
+    def mark_written(self, n: int) -> None:
+        self.offset += n
+
 
 
 

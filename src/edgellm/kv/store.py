@@ -69,6 +69,12 @@ class TokenStore:
         for part in self.parts.values():
             part[:, :, dst:dst + n] = part[:, :, src:src + n].clone()
 
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The encoded buffers a native kernel reads and writes: values (float, or integer
+        codes), and the per-group scale and minimum of the integer codecs (None for floats)."""
+        values = self.parts["x"] if "x" in self.parts else self.parts["q"]
+        return values, self.parts.get("scale"), self.parts.get("min")
+
     @property
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parts.values())

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from edgellm.kernels.decode import fused_step
+from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.kv.sequence import LayerSpec
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rope
 from edgellm.models.weights import Weights
@@ -104,8 +104,17 @@ class Block(nn.Module):
         h = self.post_attn_norm.add_to(x, self.attn(self.attn_norm.for_linear(x), rope, cache))
         return self.post_mlp_norm.add_to(h, self.mlp(self.mlp_norm.for_linear(h)))
 
+    def native_vectors(self) -> list[torch.Tensor]:
+        """What gemma3_layer.c's struct points to, in its order."""
+        norms = [self.attn_norm, self.post_attn_norm, self.mlp_norm, self.post_mlp_norm, self.attn.q_norm,
+                 self.attn.k_norm]
+        return [n.weight for n in norms]
+
 
 class Gemma3(nn.Module):
+    native_layer = "edgellm_gemma3_layer"  # kernels/gemma3_layer.c: a block's decode step in one call
+    native_activation = "gelu_tanh"
+
     def __init__(self, cfg: Gemma3Config, w: Weights):
         super().__init__()
         self.config = cfg
@@ -116,6 +125,11 @@ class Gemma3(nn.Module):
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.rotary_local = Rotary(cfg.head_dim, cfg.rope_local_base)
         self.rotary_global = Rotary(cfg.head_dim, cfg.rope_base)
+        self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
+
+    def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        local, glob = self.rotary_local(positions), self.rotary_global(positions)
+        return [local if block.sliding else glob for block in self.blocks]
 
     def cache_specs(self) -> list[LayerSpec]:
         """Sliding layers keep a ring of the window; global layers keep everything."""
@@ -125,7 +139,7 @@ class Gemma3(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
-        logits = fused_step(self, tokens, caches)  # one decode step in C, when its assumptions hold
+        logits = fused_step(self.decoder, tokens, caches)  # one decode step in C, when its assumptions hold
         if logits is not None:
             return logits
         positions = caches.positions(tokens.shape[1])

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from edgellm.kernels.decode import fused_step
+from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.kv.sequence import LayerSpec
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rope
 from edgellm.models.weights import Weights
@@ -105,8 +105,16 @@ class Block(nn.Module):
         h = x + self.attn(self.attn_norm.for_linear(x), rope, cache)
         return h + self.mlp(self.mlp_norm.for_linear(h))
 
+    def native_vectors(self) -> list[torch.Tensor | None]:
+        """What llama_layer.c's struct points to, in its order."""
+        return [self.attn_norm.weight, self.mlp_norm.weight, self.attn.qkv_bias]
+
 
 class Llama(nn.Module):
+    native_layer = "edgellm_llama_layer"  # kernels/llama_layer.c: a block's decode step in one call
+    native_activation = "silu"
+    embed_scale = 1.0
+
     def __init__(self, cfg: LlamaConfig, w: Weights):
         super().__init__()
         self.config = cfg
@@ -118,6 +126,10 @@ class Llama(nn.Module):
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         factors = w.vector("rope_freqs.weight") if w.has("rope_freqs.weight") else None
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base, factors)
+        self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
+
+    def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [self.rotary(positions)] * len(self.blocks)
 
     def cache_specs(self) -> list[LayerSpec]:
         c = self.config
@@ -125,7 +137,7 @@ class Llama(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
-        logits = fused_step(self, tokens, caches)  # one decode step in C, when its assumptions hold
+        logits = fused_step(self.decoder, tokens, caches)  # one decode step in C, when its assumptions hold
         if logits is not None:
             return logits
         rope = self.rotary(caches.positions(tokens.shape[1]))
