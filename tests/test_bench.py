@@ -35,7 +35,7 @@ def test_bench_json_and_plot(tmp_path, smollm2_path):
 def test_bench_profile_lists_op_types(smollm2_path):
     from edgellm import kernels
 
-    result = _bench("--model", str(smollm2_path), "--profile", "--prompt-tokens", "16")
+    result = _bench("--model", str(smollm2_path), "--op-times", "--prompt-tokens", "16")
     assert result.returncode == 0, result.stderr
     assert f"kernels: {kernels.describe()}" in result.stdout  # the variant that ran
     if kernels.available():  # the native decoder layers and GEMV are named, beside aten ops

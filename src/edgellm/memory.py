@@ -10,7 +10,7 @@ Inference is the opposite case: a prefill allocates and frees the same few-MB ac
 every layer, and as fresh mappings each is faulted in and zeroed page by page again (Gemma 3,
 512 tokens: 250 ms against 176 ms with reused pages). So after loading, buffers up to 16 MB
 come from the heap and freed pages stay there for the next layer; a finished generation
-trims them (trim())."""
+trims them (return_freed_heap())."""
 from __future__ import annotations
 
 import ctypes
@@ -53,7 +53,7 @@ def reuse_freed_pages() -> bool:
     return _set_thresholds(16 * LARGE_ALLOCATION, 32 * LARGE_ALLOCATION)
 
 
-def trim() -> None:
+def return_freed_heap() -> None:
     """Hand freed heap pages back to the OS (after a load's temporaries are gone)."""
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):

@@ -12,7 +12,7 @@ from edgellm.chat_template import ChatTemplate
 from edgellm.formats import load_tokenizer, open_model
 from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
-from edgellm.memory import return_large_frees_to_os, reuse_freed_pages, trim
+from edgellm.memory import return_large_frees_to_os, reuse_freed_pages, return_freed_heap
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.generator import Generation
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
@@ -60,7 +60,7 @@ class Model:
                  kv: KVConfig | None = None):
         self.source, self.path = source, Path(source.path)
         self.tokenizer = load_tokenizer(source)
-        trim()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
+        return_freed_heap()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
         packed = pack_cache_for(source.path, mode)
         self.net = build_model(source, self.tokenizer.vocab_size, mode, packed)
@@ -220,6 +220,6 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     except BaseException:
         source.close()
         raise
-    trim()
+    return_freed_heap()
     reuse_freed_pages()
     return model

@@ -11,7 +11,7 @@ import sys
 import time
 
 from edgellm.bench.engines import bench_prompt
-from edgellm.memory import rss_bytes, trim
+from edgellm.memory import rss_bytes, return_freed_heap
 
 CONTEXTS = (10, 100, 512, 1024, 2048, 4096)
 PRECISIONS = ("f32", "bf16", "int8", "int4")
@@ -38,11 +38,11 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
     points = []
     for n in contexts:
         gc.collect()
-        trim()
+        return_freed_heap()
         seq, _ = model.kv.new_sequence()
         with torch.inference_mode():
             prefill(model.net, seq, bench_prompt(model.tokenizer, n))
-        trim()
+        return_freed_heap()
         point = dict(tokens=n, rss_bytes=rss_bytes(), kv_bytes=seq.nbytes)
         seq.release()
         del seq

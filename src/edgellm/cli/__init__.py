@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp comparison")
     bench.add_argument("--json", action="store_true", help="print the full report as JSON")
     bench.add_argument("--plot", default=None, metavar="PNG", help="write speed vs prompt length / threads")
-    bench.add_argument("--profile", action="store_true", help="print where decode time goes, per op type")
+    bench.add_argument("--op-times", action="store_true", help="print where decode time goes, per op type (torch profiler)")
     bench.add_argument("--memory", action="store_true",
                        help="RSS and KV bytes against context length for each KV precision (--plot for a PNG)")
     bench.add_argument("--kv-speed", action="store_true",

@@ -50,8 +50,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     models = [m for m in args.model.split(",") if m]
     for model in models:
         resolve_model(model)
-    if args.profile:
-        return _profile(models[0], args)
+    if args.op_times:
+        return _op_times(models[0], args)
     if args.memory or args.kv_speed or args.prefix or args.soak or args.serving:
         return _bench_memory(models[0], args)
     config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,
@@ -107,7 +107,7 @@ def _bench_memory(model_name: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile(model_name: str, args: argparse.Namespace) -> int:
+def _op_times(model_name: str, args: argparse.Namespace) -> int:
     from edgellm.bench.profile import profile_decode
     from edgellm.model import load
 

@@ -12,7 +12,7 @@ from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenE
 from edgellm.generate.sampling import Sampler, SamplingParams
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
 from edgellm.kv import BatchKV, KVManager, SequenceKV
-from edgellm.memory import peak_rss_bytes, trim
+from edgellm.memory import peak_rss_bytes, return_freed_heap
 
 PREFILL_CHUNK = 512  # tokens per prefill pass: bounds attention scratch memory
 
@@ -130,7 +130,7 @@ class Generation:
         (~50 MB for a long Gemma prompt; glibc keeps them otherwise; ~0.1 ms)."""
         if self.seq.layers:
             self.seq.release()
-            trim()
+            return_freed_heap()
 
 
 def decode_step(model: CausalLM, generations: list[Generation]) -> torch.Tensor:

@@ -152,5 +152,5 @@ def compute_dtype() -> torch.dtype:
 
 
 def profiled(label: str):
-    """A record_function naming a native call in `bench --profile`; free when not profiling."""
+    """A record_function naming a native call in `bench --op-times`; free when not profiling."""
     return torch.profiler.record_function(label) if torch.autograd.profiler._is_profiler_enabled else nullcontext()

@@ -84,14 +84,14 @@ class DenseCache:
             store.ensure(end)
             store.write(self.offset, x)
         self.offset = end
-        return self.k.read(end), self.v.read(end), None if t == 1 else CAUSAL
+        return self.k.read(0, end), self.v.read(0, end), None if t == 1 else CAUSAL
 
     def evict(self, start: int, n: int) -> None:
         """Drop tokens start..start+n-1; later ones move down and are rotated back n positions."""
         n = min(n, self.offset - start)
         tail = self.offset - start - n
         if tail:
-            moved = self.k.read(start + n + tail, start + n)
+            moved = self.k.read(start + n, start + n + tail)
             if self.rotate is not None:
                 moved = self.rotate(moved, -n)
             self.k.write(start, moved)
@@ -168,7 +168,7 @@ class RingCache:
         q_pos = torch.arange(self.offset, self.offset + t)
         if t == 1:
             self._write(k, v, q_pos)
-            keys, values, k_pos = self.k.read(self.window), self.v.read(self.window), self.positions
+            keys, values, k_pos = self.k.read(0, self.window), self.v.read(0, self.window), self.positions
         else:
             keys, values, k_pos = self._chunk_keys(k, v, q_pos)
             self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
@@ -186,7 +186,7 @@ class RingCache:
         keys, values = k.float(), v.float()
         if self.offset == 0:
             return keys, values, None
-        old_k, old_v, held = self.k.read(self.window), self.v.read(self.window), self._slots_in_order()
+        old_k, old_v, held = self.k.read(0, self.window), self.v.read(0, self.window), self._slots_in_order()
         if held is not None:
             return torch.cat((old_k[:, :, held], keys), dim=2), torch.cat((old_v[:, :, held], values), dim=2), None
         return torch.cat((old_k, keys), dim=2), torch.cat((old_v, values), dim=2), torch.cat((self.positions, q_pos))
@@ -207,7 +207,7 @@ class RingCache:
         dropped = (self.positions >= start) & ~live
         self.positions[dropped] = -1
         if self.rotate is not None and bool(live.any()):
-            keys = self.k.read(self.window)
+            keys = self.k.read(0, self.window)
             self.k.write(0, torch.where(live[None, None, :, None], self.rotate(keys, -n), keys))
         self.positions[live] -= n
         self.offset -= n

@@ -52,7 +52,7 @@ class TokenStore:
         for name, value in self.codec.encode(x).items():
             self.parts[name][:, :, start:start + x.shape[2]] = value
 
-    def read(self, end: int, start: int = 0) -> torch.Tensor:
+    def read(self, start: int, end: int) -> torch.Tensor:
         """Decoded slots start..end-1 as (B, H, end-start, D) fp32."""
         return self.codec.decode({n: p[:, :, start:end] for n, p in self.parts.items()})
 

@@ -24,9 +24,7 @@ def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache
         raise UnsupportedModel(f"{source.path}: architecture {arch!r} is not supported ({supported})")
     config_cls, model_cls = ARCHITECTURES[arch]
     config = config_cls.from_gguf(source.metadata, vocab_size)
-    net = model_cls(config, Weights(source, mode, cache)).eval()
-    net.mode = mode  # "exact" or "fast": picks the default KV precision (KVConfig.for_mode)
-    return net
+    return model_cls(config, Weights(source, mode, cache)).eval()
 
 
 def layer_specs(metadata) -> list:

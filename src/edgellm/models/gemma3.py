@@ -125,6 +125,7 @@ class Gemma3(nn.Module):
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.rotary_local = Rotary(cfg.head_dim, cfg.rope_local_base)
         self.rotary_global = Rotary(cfg.head_dim, cfg.rope_base)
+        self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)
         self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
 
     def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -126,6 +126,7 @@ class Llama(nn.Module):
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         factors = w.vector("rope_freqs.weight") if w.has("rope_freqs.weight") else None
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base, factors)
+        self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)
         self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
 
     def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Protocol
 import torch
 
 from edgellm.errors import ModelFormatError
-from edgellm.quant.embedding import QuantEmbedding
+from edgellm.quant.embedding import BlockEmbedding
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.linear import make_fused_linear
 from edgellm.quant.blocks import BlockLinear
@@ -107,9 +107,9 @@ class Weights:
             return None
         return torch.cat([self.vector(n) for n in names])
 
-    def embedding(self, name: str) -> QuantEmbedding | QuantizedEmbedding:
+    def embedding(self, name: str) -> BlockEmbedding | QuantizedEmbedding:
         weight = self._quantized(name, None)
         if weight is not None:
             return QuantizedEmbedding(weight)
         raw, ggml_type, shape = self._part(name)
-        return QuantEmbedding(raw, ggml_type, shape)
+        return BlockEmbedding(raw, ggml_type, shape)

@@ -7,7 +7,7 @@ from torch import nn
 from edgellm.quant.ggml import dequantize
 
 
-class QuantEmbedding(nn.Module):
+class BlockEmbedding(nn.Module):
     """An embedding table kept as raw GGUF rows (any block type whose blocks tile a row).
 
     Only the looked-up rows are ever dequantized, so a 262k-row table costs its file
