@@ -73,3 +73,16 @@ def test_corrupt_model_file_is_refused(tmp_path):
 def test_bad_flag_is_an_argparse_error():
     result = edgellm("run")
     assert result.returncode == 2 and "usage" in result.stderr
+
+
+def test_serve_threads_follow_the_cores_actually_free(monkeypatch):
+    import psutil
+
+    from edgellm import threads
+
+    monkeypatch.setattr(threads, "default_threads", lambda: 4)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 4)
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False: [97.0, 3.0, 99.0, 10.0])
+    assert threads.free_cores() == 2  # two of four cores are busy with other work
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False: [100.0] * 4)
+    assert threads.free_cores() == 1  # never zero

@@ -116,3 +116,17 @@ def test_int8_kv_stays_close_to_bf16_kv(name):
                 decided = top2[..., 0] - top2[..., 1] >= 0.5
                 assert kl <= 0.01 and top1 >= 0.97
                 assert (out.argmax(-1) == ref.argmax(-1))[decided].float().mean().item() >= 0.995
+
+
+def test_model_chat_reuses_earlier_turns_by_default(smollm2_path):
+    with edgellm.load(smollm2_path) as model:  # no KV options: prefix reuse is on
+        messages = [{"role": "system", "content": "You are a patient tutor. " * 20},
+                    {"role": "user", "content": "What is a prime number?"}]
+        first = model.chat(messages, max_tokens=24, temperature=0)
+        messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Give an example."}]
+        second = model.chat(messages, max_tokens=8, temperature=0)
+        assert second.timings.prefix_hit_tokens >= first.timings.prompt_tokens // 32 * 32
+        without = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
+        with without:
+            assert without.chat(messages, max_tokens=8, temperature=0).token_ids == second.token_ids
+            assert without.kv.prefix is None

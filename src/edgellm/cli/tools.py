@@ -166,10 +166,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     profile = load_profile(args.profile) if args.profile else DeviceProfile()
     # Explicit flags win over the profile.
-    from edgellm.threads import default_threads
+    from edgellm.threads import default_threads, free_cores
 
-    # A profile's thread count never exceeds this machine's cores: oversubscription halves decode speed.
-    args.threads = args.threads or (min(profile.threads, default_threads()) if profile.threads else None)
+    # Threads: never more than the cores free now (oversubscription costs 10x, see free_cores).
+    if args.threads is None:
+        free = free_cores()
+        args.threads = min(profile.threads or free, free)
+        if free < default_threads():
+            print(f"{default_threads() - free} of {default_threads()} cores are busy with other work: "
+                  f"using {args.threads} thread(s) (--threads overrides)", file=sys.stderr)
     args.kv_precision = args.kv_precision or profile.kv_precision
     args.prefix_cache = args.prefix_cache if args.prefix_cache is not None else profile.prefix_cache
     model = load_model(args, context_length=profile.context)
