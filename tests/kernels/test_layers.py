@@ -65,9 +65,9 @@ class _Layer:
         weights = [decode._weight(m) for m in (self.qkv, self.o, self.gate_up, self.down)]
         if gemma:
             ptrs = [n.data_ptr() for n in self.norms] + [n.data_ptr() for n in self.head_norms]
-            self.desc = decode._GemmaLayer(dims, *ptrs, *weights)
+            self.desc = decode._layer_struct(6)(dims, *ptrs, *weights)
         else:
-            self.desc = decode._LlamaLayer(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None, *weights)
+            self.desc = decode._layer_struct(3)(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None, *weights)
         self.gemma = gemma
 
 
