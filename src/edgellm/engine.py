@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import torch
 
-from edgellm.generate.generator import decode_step
+from edgellm.generate.generator import decode_step, decode_with_prompt_chunk
 from edgellm.scheduler import RequestState, RunningRequest, Step
 
 
@@ -16,11 +16,36 @@ class Engine:
         ended it (a failure ends only the requests it touched)."""
         events: dict[RunningRequest, list] = {}
         with torch.inference_mode():
+            if step.prefill and step.decode and self._together(step, events):
+                return events
             for request, tokens in step.prefill:
                 events[request] = self._prefill(request, tokens)
             for group in _by_model(step.decode):
                 events.update(self._decode(group))
         return events
+
+    @staticmethod
+    def _together(step: Step, events: dict) -> bool:
+        """The decode step and one prompt chunk as one native call, where they share a network
+        and KV precision; False (nothing run) otherwise."""
+        (newcomer, tokens), = step.prefill
+        if len(_by_model(step.decode + [newcomer])) != 1:
+            return False
+        try:
+            done = decode_with_prompt_chunk(newcomer.generation.model, [r.generation for r in step.decode],
+                                            newcomer.generation, tokens)
+        except Exception as error:
+            events.update({r: [error] for r in step.decode + [newcomer]})
+            return True
+        if done is None:
+            return False
+        logits, first = done
+        events.update({r: r.generation.accept(logits[i]) for i, r in enumerate(step.decode)})
+        events[newcomer] = []
+        if first is not None:
+            newcomer.state = RequestState.DECODING
+            events[newcomer] = newcomer.generation.accept(first)
+        return True
 
     @staticmethod
     def _prefill(request: RunningRequest, tokens: int) -> list:

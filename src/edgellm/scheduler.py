@@ -157,17 +157,18 @@ class Step:
 @dataclass(frozen=True)
 class StepBudget:
     prefill_chunk: int = 512  # prompt tokens per step when nothing else is decoding
-    # While streams are decoding, a step's prompt tokens are capped so their inter-token gap
-    # stays within a few decode steps (bench --serving measures it).
-    interleaved_chunk: int = 64
+    # While streams decode, a step carries at most this many tokens, theirs first, the rest a
+    # newcomer's prompt: the engine runs them as one native call, so the streams' inter-token
+    # gap grows to that call's time (bench --serving measures it), never to a whole prefill.
+    interleaved_tokens: int = 4
 
 
 def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget()) -> Step:
     """Decode every decoding request; spend the step's prompt budget on the oldest request
-    still prefilling (first come, first served), in chunks while others decode."""
+    still prefilling (first come, first served), in small chunks while others decode."""
     step = Step(decode=[r for r in running if r.state is RequestState.DECODING])
     prefilling = [r for r in running if r.state is RequestState.PREFILLING]
     if prefilling:
-        chunk = budget.interleaved_chunk if step.decode else budget.prefill_chunk
+        chunk = max(1, budget.interleaved_tokens - len(step.decode)) if step.decode else budget.prefill_chunk
         step.prefill.append((prefilling[0], min(chunk, prefilling[0].generation.prompt_left)))
     return step

@@ -170,3 +170,36 @@ def test_a_batch_decodes_like_each_sequence_alone(name, kv, tolerance, request):
                 assert [t for _, t in batch] == [t for _, t in alone]
             for seq, _ in batch + alone:
                 seq.release()
+
+
+@pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
+def test_a_prompt_chunk_beside_decode_rows_matches_the_prompt_path(name, request):
+    """step_rows: a sequence's next prompt tokens as rows of the native call (beside another
+    sequence's decode row) give the logits and the cache the PyTorch prompt path gives."""
+    with edgellm.load(request.getfixturevalue(name), kv=KVConfig(prefix_cache_bytes=0)) as model:
+        net = model.net
+        ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
+        chunk, rest = ids[:-5], ids[-5:]
+        with torch.inference_mode():
+            other, other_token = _prefilled(model, "Once upon a time")
+            native, plain = model.kv.new_sequence()[0], model.kv.new_sequence()[0]
+            for seq in (native, plain):
+                seq.prepare(len(chunk))
+                net(torch.tensor([chunk]), seq, last_only=True)
+            other.prepare(1)
+            native.prepare(len(rest))
+            both = net.decoder.step_rows([(other.layers, [other_token]), (native.layers, rest)])
+            plain.prepare(len(rest))
+            with pytorch_layers(net):
+                reference = net(torch.tensor([rest]), plain, last_only=True)[0, -1]
+            assert native.offset == plain.offset == len(ids)
+            assert (both[1] - reference).abs().max() < 2e-2 * reference.abs().max()
+            assert int(both[1].argmax()) == int(reference.argmax())
+            native.prepare(1)
+            plain.prepare(1)
+            token = int(reference.argmax())  # the caches agree on what follows
+            after_native = net.decoder.step_rows([(native.layers, [token])])[0]
+            after_plain = net.decoder.step_rows([(plain.layers, [token])])[0]
+            assert (after_native - after_plain).abs().max() < 2e-2 * after_plain.abs().max()
+        for seq in (other, native, plain):
+            seq.release()

@@ -78,11 +78,13 @@ def _running(state: RequestState, prompt_left: int = 0) -> RunningRequest:
 
 
 def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
-    budget = StepBudget(prefill_chunk=512, interleaved_chunk=64)
+    budget = StepBudget(prefill_chunk=512, interleaved_tokens=8)
     a, b = _running(RequestState.DECODING), _running(RequestState.DECODING)
     new, newer = _running(RequestState.PREFILLING, 2000), _running(RequestState.PREFILLING, 10)
     step = next_step([a, new, b, newer], budget)
-    assert step.decode == [a, b] and step.prefill == [(new, 64)]  # small chunks while others decode
+    assert step.decode == [a, b] and step.prefill == [(new, 6)]  # 8 tokens a step: 2 decode, 6 prompt
+    crowded = [_running(RequestState.DECODING) for _ in range(9)] + [new]
+    assert next_step(crowded, budget).prefill == [(new, 1)]  # a prompt always advances
     alone = next_step([new, newer], budget)
     assert alone.decode == [] and alone.prefill == [(new, 512)]
     assert next_step([newer], budget).prefill == [(newer, 10)]

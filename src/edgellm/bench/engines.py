@@ -37,8 +37,11 @@ class EdgeEngine:
 
     def __init__(self, path: str, threads: int, mode: str = "fast"):
         import edgellm
+        from edgellm.kv import KVConfig
 
-        self.model = edgellm.load(path, threads=threads, mode=mode)
+        # Repeats send the same prompt: a prefix cache would turn prefill into a lookup (llama.cpp
+        # is reset before each run too).
+        self.model = edgellm.load(path, threads=threads, mode=mode, kv=KVConfig(prefix_cache_bytes=0))
 
     def tokens(self, text: str) -> list[int]:
         return self.model.tokenizer.encode(text, add_special_tokens=False)

@@ -28,7 +28,7 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
     from edgellm.generate.generator import prefill
     from edgellm.kv import KVConfig
 
-    model = edgellm.load(model_name, kv=KVConfig(k_precision=precision, v_precision=precision),
+    model = edgellm.load(model_name, kv=KVConfig(k_precision=precision, v_precision=precision, prefix_cache_bytes=0),
                          context_length=context_length)
     with torch.inference_mode():  # first use of each prefill shape builds kernel state: not KV
         for n in contexts:

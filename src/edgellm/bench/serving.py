@@ -61,20 +61,23 @@ def _run(model, mode: str, n: int, tokens: int) -> dict:
 
 
 def interleaving(model_name: str = "smollm2-135m", prompt_tokens: int = 2000, stream_tokens: int = 300,
-                 rounds: int = 3) -> dict:
+                 rounds: int = 3, budget=None) -> dict:
     """A stream decodes; after 20 of its tokens a `prompt_tokens` prompt arrives. The stream's
     inter-token gaps (median, p99, max) over its whole run, and over the newcomer's prefill."""
     import edgellm
     from edgellm.bench.engines import bench_prompt
     from edgellm.generate import TokenEvent
+    from edgellm.scheduler import StepBudget
     from edgellm.service import Request, Service
+
+    budget = budget or StepBudget()
 
     model = edgellm.load(model_name)
     prompt = bench_prompt(model.tokenizer, prompt_tokens)
     runs = []
     for r in range(rounds):
         model.kv.forget_prefixes()
-        service = Service(model, max_batch=4, queue_limit=4)
+        service = Service(model, max_batch=4, queue_limit=4, step_budget=budget)
         stream = service.submit(Request(f"{r}: 1, 2, 3,", {"max_tokens": stream_tokens, "ignore_eos": True},
                                         timeout_s=600))
         times, newcomer = [], None
@@ -94,7 +97,8 @@ def interleaving(model_name: str = "smollm2-135m", prompt_tokens: int = 2000, st
     model.close()
     summary = {k: statistics.median(run[k] for run in runs) for k in runs[0] if runs[0][k] is not None}
     summary["p99_vs_median"] = round(summary["p99_gap_s"] / summary["median_gap_s"], 2)
-    return dict(model=model_name, prompt_tokens=prompt_tokens, stream_tokens=stream_tokens, rounds=rounds, **summary)
+    return dict(model=model_name, prompt_tokens=prompt_tokens, stream_tokens=stream_tokens, rounds=rounds,
+                interleaved_tokens=budget.interleaved_tokens, **summary)
 
 
 def _percentile(values: list[float], q: float) -> float:

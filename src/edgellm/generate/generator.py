@@ -79,9 +79,15 @@ class Generation:
     def prefill_step(self, max_tokens: int) -> torch.Tensor | None:
         """Prefill up to max_tokens more prompt tokens (an engine interleaves these chunks with
         other sequences' decode steps); returns the last position's logits once the prompt is in."""
-        n = min(max_tokens, self.prompt_left)
-        piece = self.prompt_ids[self.prefilled:self.prefilled + n]
+        piece = self.next_prompt_piece(max_tokens)
         logits = prefill(self.model, self.seq, piece, _chunk_for(self.kv))
+        return self.prompt_advanced(len(piece), logits)
+
+    def next_prompt_piece(self, max_tokens: int) -> list[int]:
+        return self.prompt_ids[self.prefilled:self.prefilled + min(max_tokens, self.prompt_left)]
+
+    def prompt_advanced(self, n: int, logits: torch.Tensor) -> torch.Tensor | None:
+        """n more prompt tokens are in the KV (`logits` of the last); the logits once all are."""
         self.prefilled += n
         if self.prompt_left:
             return None
@@ -144,6 +150,29 @@ def decode_step(model: CausalLM, generations: list[Generation]) -> torch.Tensor:
     for g in generations:
         g.seq.advance([g.next_token])
     return logits
+
+
+def decode_with_prompt_chunk(model: CausalLM, generations: list[Generation], newcomer: Generation,
+                             n: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The decode step of `generations` and the next n prompt tokens of `newcomer` in one native
+    call per layer (the model's decoder; n + len(generations) rows at most MAX_SEQS): a long
+    prompt advances while running streams lose only a slightly wider step. Returns their logits
+    (len(generations), V) and the newcomer's last-position logits once its prompt is in (else
+    None); None when the native decoder cannot take these caches."""
+    decoder = getattr(model, "decoder", None)
+    piece = newcomer.next_prompt_piece(n)
+    if decoder is None or not piece:
+        return None
+    for g in generations:
+        g.seq.prepare(1)
+    newcomer.seq.prepare(len(piece))
+    logits = decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations] + [(newcomer.seq.layers, piece)])
+    if logits is None:
+        return None
+    for g in generations:
+        g.seq.advance([g.next_token])
+    newcomer.seq.advance(piece)
+    return logits[:-1], newcomer.prompt_advanced(len(piece), logits[-1])
 
 
 def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, **options) -> Iterator[GenerationEvent]:

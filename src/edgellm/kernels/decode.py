@@ -156,29 +156,49 @@ class FusedDecoder:
     def step(self, tokens: torch.Tensor, caches) -> torch.Tensor | None:
         """Logits (B, 1, V) for one token of each of B sequences, or None if the caches do not fit."""
         per_seq = _sequence_layers(caches)
-        if per_seq is None or tokens.shape != (len(per_seq), 1) or len(per_seq) > MAX_SEQS:
+        if per_seq is None or tokens.shape != (len(per_seq), 1):
             return None
-        if not all(all(self._view(c).native for c in layers) for layers in per_seq):
+        logits = self.step_rows([(layers, [int(t)]) for layers, t in zip(per_seq, tokens[:, 0])])
+        return None if logits is None else logits.unsqueeze(1)
+
+    def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]]) -> torch.Tensor | None:
+        """One native call per layer for several sequences' next tokens: (a sequence's per-layer
+        caches, its tokens), one token for a decode step or a few for a prompt chunk (rows of one
+        sequence are written and attended in order, so each sees the ones before it: causal).
+        At most MAX_SEQS rows in all. Returns (len(work), V) logits of each entry's last token,
+        or None if the caches do not fit."""
+        rows = [(layers, layers[0].offset + j, t) for layers, tokens in work for j, t in enumerate(tokens)]
+        m = len(rows)
+        if not 0 < m <= MAX_SEQS or not self._fits(work):
             return None
-        pos = [layers[0].offset for layers in per_seq]
-        if any(p >= self.max_len or any(c.offset != p for c in layers) for p, layers in zip(pos, per_seq)):
-            return None
-        m = len(per_seq)
-        ropes = self._ropes(torch.tensor(pos))
-        x = self.net.embed(tokens).reshape(m, -1).float()
+        for layers, tokens in work:  # grow before any KVSlots points into the stores
+            for cache in layers:
+                cache.reserve(layers[0].offset + len(tokens))
+        ropes = self._ropes(torch.tensor([p for _, p, _ in rows]))
+        x = self.net.embed(torch.tensor([[t for _, _, t in rows]])).reshape(m, -1).float()
         if self.net.embed_scale != 1.0:
             x = x * self.net.embed_scale
         x = x.contiguous()
-        positions = (_i64 * m)(*pos)
-        threads, buf, work = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
+        positions = (_i64 * m)(*(p for _, p, _ in rows))
+        threads, buf, scratch = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
         for i, (desc, (cos, sin)) in enumerate(zip(self.layers, ropes)):
-            slots = (_KVSlots * m)(*(self._slots(layers[i], p) for layers, p in zip(per_seq, pos)))
+            slots = (_KVSlots * m)(*(self._slots(layers[i]) for layers, _, _ in rows))
             with kernels.profiled("edgellm::decode_layer"):
                 self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), ctypes.c_int(m), _p(cos.data_ptr()),
-                               _p(sin.data_ptr()), slots, positions, buf, work, ctypes.c_int(threads))
-            for layers in per_seq:
+                               _p(sin.data_ptr()), slots, positions, buf, scratch, ctypes.c_int(threads))
+            for layers, _, _ in rows:
                 layers[i].mark_written(1)
-        return self.net.lm_head(self.net.norm(x.view(m, 1, -1))).float()
+        last = torch.tensor(list(_last_rows(work)))
+        return self.net.lm_head(self.net.norm(x[last].view(len(work), 1, -1))).float()[:, 0]
+
+    def _fits(self, work) -> bool:
+        for layers, tokens in work:
+            if not layers or not all(self._view(c).native for c in layers):
+                return False
+            start = layers[0].offset
+            if start + len(tokens) > self.max_len or any(c.offset != start for c in layers):
+                return False
+        return True
 
     def _view(self, cache) -> _CacheView:
         view = self._views.get(cache)
@@ -186,8 +206,7 @@ class FusedDecoder:
             view = self._views[cache] = _CacheView(_native_cache(cache))
         return view
 
-    def _slots(self, cache, pos: int) -> _KVSlots:
-        cache.reserve(pos + 1)  # done by SequenceKV.prepare already; not by callers passing bare caches
+    def _slots(self, cache) -> _KVSlots:
         view, held = self._view(cache), _tensors(cache)
         if len(held) != len(view.held) or any(ref() is not t for ref, t in zip(view.held, held)):
             view.held, view.slots = tuple(weakref.ref(t) for t in held), _slots(cache)
@@ -200,6 +219,15 @@ class FusedDecoder:
         rows = lambda pair: tuple(t.reshape(positions.shape[0], -1).contiguous() for t in pair)  # noqa: E731
         per_layer = self.net.rope_per_layer(positions)
         return [converted.setdefault(id(pair), rows(pair)) for pair in per_layer]
+
+
+def _last_rows(work) -> list[int]:
+    """Row index of each entry's last token."""
+    end, last = 0, []
+    for _, tokens in work:
+        end += len(tokens)
+        last.append(end - 1)
+    return last
 
 
 def _sequence_layers(caches) -> list[list] | None:
