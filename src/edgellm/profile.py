@@ -18,7 +18,7 @@ class DeviceProfile:
     threads: int | None = None  # None: physical cores
     max_batch: int = 1  # 1: latency mode, one request at a time; more: continuous batching
     context: int | None = None  # None: the model's
-    kv_precision: str = "f32"
+    kv_precision: str | None = None  # None: the model's default (f16), as `run` and `chat` use
     prefix_cache: str | None = None  # e.g. "64MB"; "0" turns prefix reuse off; None: automatic
     timeout_s: float = 15.0
     queue_limit: int = 3
