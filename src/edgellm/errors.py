@@ -55,6 +55,10 @@ class KVStateMismatch(EdgeLLMError):
     """A saved KV state belongs to another model or precision."""
 
 
+class ServiceClosed(EdgeLLMError):
+    """The service was closed: its requests end (running ones as "cancelled") and new ones are refused."""
+
+
 class Busy(EdgeLLMError):
     """The request queue is full: try again later (HTTP 429)."""
 

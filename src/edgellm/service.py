@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from edgellm.engine import Engine
-from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget
+from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget, ServiceClosed
 from edgellm.generate import Completion
 from edgellm.scheduler import (FALLBACKS, Ask, DeviceState, ModelRoom, Plan, Policy, RequestState, RunningRequest,
                                StepBudget, next_step, plan_request, turns_to_drop)
@@ -125,6 +125,8 @@ class Service:
     def submit(self, request: Request) -> Handle:
         """Tokenize and queue a request, or raise at once: Busy when the queue is full,
         InvalidRequest / ContextOverflow for a prompt that can never run."""
+        if self._stopping:
+            raise ServiceClosed("the service is closed")
         handle = Handle(request)
         self._tokenize(handle)
         with self._lock:
@@ -199,6 +201,23 @@ class Service:
             for request in self._running:
                 self._expire(request)
             self._running = [r for r in self._running if not r.state.ended]
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """Running requests end as cancelled (their KV freed), waiting ones get ServiceClosed."""
+        for request in self._running:
+            self._finish(request, request.generation.finish("cancelled"), RequestState.CANCELLED)
+        self._running = []
+        waiting = [self._deferred] if self._deferred is not None else []
+        self._deferred = None
+        while True:
+            try:
+                waiting.append(self._waiting.get_nowait())
+            except queue.Empty:
+                break
+        for handle in waiting:
+            if handle is not None:
+                self._fail(handle, ServiceClosed("the service was closed before this request ran"))
 
     def _admit(self, block: bool) -> None:
         """Move waiting requests into the running set while there is room; each gets its plan.

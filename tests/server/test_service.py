@@ -204,3 +204,20 @@ def test_the_deadline_counts_from_acceptance_not_from_the_start_of_work(smollm2_
     finally:
         svc.close()
         model.close()
+
+
+def test_closing_the_service_ends_every_request_and_frees_their_kv(smollm2_path):
+    model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
+    svc = Service(model, queue_limit=3)
+    body = {"max_tokens": 4000, "ignore_eos": True, "temperature": 0}
+    running = svc.submit(Request("1, 2, 3,", body, timeout_s=300))
+    waiting = svc.submit(Request("4, 5, 6,", body, timeout_s=300))
+    next(iter(running))  # it is decoding
+    svc.close()
+    assert _done(running).finish_reason == "cancelled"
+    with pytest.raises(edgellm.errors.ServiceClosed):
+        list(waiting)
+    with pytest.raises(edgellm.errors.ServiceClosed):
+        svc.submit(Request("again", body))
+    assert model.kv.live_bytes == 0
+    model.close()
