@@ -10,7 +10,16 @@ from edgellm.generate.generator import decode_step, decode_with_prompt_chunk
 from edgellm.scheduler import RequestState, RunningRequest, Step
 
 
+MAX_ROWS = 8  # rows of one native decode call (kernels/decode.py MAX_SEQS)
+
+
 class Engine:
+    @staticmethod
+    def can_join(decode: list[RunningRequest], newcomer: RunningRequest) -> bool:
+        """Whether a prompt chunk of `newcomer` can ride in the decode step's native call."""
+        return (getattr(newcomer.generation.model, "decoder", None) is not None and len(decode) < MAX_ROWS
+                and len(_by_model(list(decode) + [newcomer])) == 1)
+
     def step(self, step: Step) -> dict[RunningRequest, list]:
         """Events per request: TokenEvents, a Completion when it ended, or the exception that
         ended it (a failure ends only the requests it touched)."""
@@ -29,22 +38,27 @@ class Engine:
         """The decode step and one prompt chunk as one native call, where they share a network
         and KV precision; False (nothing run) otherwise."""
         (newcomer, tokens), = step.prefill
-        if len(_by_model(step.decode + [newcomer])) != 1:
+        if not Engine.can_join(step.decode, newcomer):
+            return False
+        try:  # the newcomer's room first: if it has none, only it fails
+            newcomer.generation.seq.prepare(min(tokens, newcomer.generation.prompt_left))
+        except Exception as error:
+            events[newcomer] = [error]
+            step.prefill.clear()
             return False
         try:
             done = decode_with_prompt_chunk(newcomer.generation.model, [r.generation for r in step.decode],
                                             newcomer.generation, tokens)
+            if done is None:
+                return False
+            logits, first = done
+            events.update({r: r.generation.accept(logits[i]) for i, r in enumerate(step.decode)})
+            events[newcomer] = []
+            if first is not None:
+                newcomer.state = RequestState.DECODING
+                events[newcomer] = newcomer.generation.accept(first)
         except Exception as error:
-            events.update({r: [error] for r in step.decode + [newcomer]})
-            return True
-        if done is None:
-            return False
-        logits, first = done
-        events.update({r: r.generation.accept(logits[i]) for i, r in enumerate(step.decode)})
-        events[newcomer] = []
-        if first is not None:
-            newcomer.state = RequestState.DECODING
-            events[newcomer] = newcomer.generation.accept(first)
+            events.update({r: [error] for r in step.decode + [newcomer] if not events.get(r)})
         return True
 
     @staticmethod
@@ -62,9 +76,15 @@ class Engine:
     def _decode(group: list[RunningRequest]) -> dict[RunningRequest, list]:
         try:
             logits = decode_step(group[0].generation.model, [r.generation for r in group])
-            return {r: r.generation.accept(logits[i]) for i, r in enumerate(group)}
         except Exception as error:
             return {r: [error] for r in group}
+        events = {}
+        for i, r in enumerate(group):
+            try:  # one request's sampling failing ends only that request
+                events[r] = r.generation.accept(logits[i])
+            except Exception as error:
+                events[r] = [error]
+        return events
 
 
 def _by_model(requests: list[RunningRequest]) -> list[list[RunningRequest]]:

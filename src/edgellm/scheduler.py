@@ -161,14 +161,25 @@ class StepBudget:
     # newcomer's prompt: the engine runs them as one native call, so the streams' inter-token
     # gap grows to that call's time (bench --serving measures it), never to a whole prefill.
     interleaved_tokens: int = 4
+    # Where the engine cannot join them (no native decoder, another model or KV precision), a
+    # chunk runs through the prompt path on its own, whose cost hardly depends on its size.
+    separate_chunk: int = 64
 
 
-def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget()) -> Step:
+def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget(),
+              joinable: Callable[[Sequence[RunningRequest], RunningRequest], bool] = lambda decode, new: True) -> Step:
     """Decode every decoding request; spend the step's prompt budget on the oldest request
-    still prefilling (first come, first served), in small chunks while others decode."""
+    still prefilling (first come, first served), in small chunks while others decode —
+    `joinable(decoding, newcomer)` says whether the engine runs both in one call."""
     step = Step(decode=[r for r in running if r.state is RequestState.DECODING])
     prefilling = [r for r in running if r.state is RequestState.PREFILLING]
     if prefilling:
-        chunk = max(1, budget.interleaved_tokens - len(step.decode)) if step.decode else budget.prefill_chunk
-        step.prefill.append((prefilling[0], min(chunk, prefilling[0].generation.prompt_left)))
+        new = prefilling[0]
+        if not step.decode:
+            chunk = budget.prefill_chunk
+        elif joinable(step.decode, new):
+            chunk = max(1, budget.interleaved_tokens - len(step.decode))
+        else:
+            chunk = budget.separate_chunk
+        step.prefill.append((new, min(chunk, new.generation.prompt_left)))
     return step

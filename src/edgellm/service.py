@@ -5,13 +5,15 @@ while the queue has room (else `Busy` at once, never a pile-up), planned by the 
 pure policy (model, KV precision, fallbacks, thermal rules), and run by the engine one step at
 a time: up to `max_batch` requests decode together (latency mode is max_batch=1) while a
 newcomer's prompt is prefilled in chunks between their steps. A request stops at its deadline
-(counted from acceptance) with the text so far, and frees its KV the moment its caller cancels."""
+(counted from acceptance) with the text so far, and frees its KV at the end of the engine step
+in which its caller cancels."""
 from __future__ import annotations
 
 import logging
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -47,7 +49,7 @@ class Handle:
         self.submitted = time.perf_counter()
         self.started: float | None = None
         self._events: queue.Queue = queue.Queue()
-        self.on_done: Callable[[Completion], None] | None = None  # e.g. a Session recording the reply
+        self.on_done: Callable[[Handle, Completion], None] | None = None  # e.g. a Session recording the reply
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -122,18 +124,22 @@ class Service:
 
     # -- accepting requests (the caller's thread) ------------------------------------------
 
-    def submit(self, request: Request) -> Handle:
+    def submit(self, request: Request, on_done: Callable[[Handle, Completion], None] | None = None) -> Handle:
         """Tokenize and queue a request, or raise at once: Busy when the queue is full,
-        InvalidRequest / ContextOverflow for a prompt that can never run."""
-        if self._stopping:
-            raise ServiceClosed("the service is closed")
+        InvalidRequest / ContextOverflow for a prompt that can never run, ServiceClosed after
+        close(). `on_done` gets the Completion in the engine thread before the caller does."""
         handle = Handle(request)
+        handle.on_done = on_done
         self._tokenize(handle)
         with self._lock:
-            if self._depth >= self.queue_limit and self._running:
+            if self._stopping:
+                raise ServiceClosed("the service is closed")
+            # An idle engine starts max_batch requests at once; beyond them queue_limit may wait.
+            capacity = self.queue_limit + (0 if self._running else self.max_batch)
+            if self._depth >= capacity:
                 raise Busy(self._depth, self.queue_limit)
             self._depth += 1
-        self._waiting.put(handle)
+            self._waiting.put(handle)
         return handle
 
     def _tokenize(self, handle: Handle) -> None:
@@ -175,8 +181,9 @@ class Service:
         return Session(self, **session_options)
 
     def close(self) -> None:
-        self._stopping = True
-        self._waiting.put(None)
+        with self._lock:
+            self._stopping = True
+            self._waiting.put(None)
         if self._worker is not None:
             self._worker.join(timeout=30)
 
@@ -187,21 +194,36 @@ class Service:
         slower in a thread when another thread has run parallel regions before (two OpenMP
         thread teams on 2 cores), so `edgellm serve` runs the engine in the thread that loaded
         the model and the HTTP server in another."""
-        while not self._stopping:
-            self._admit(block=not self._running)
-            if not self._running:
-                continue
-            step = next_step(self._running, self.step_budget)
-            started = time.perf_counter()
-            results = self.engine.step(step)
-            if step.decode and not step.prefill:
-                self._pace(step.decode, time.perf_counter() - started)
-            for request, events in results.items():
-                self._deliver(request, events)
-            for request in self._running:
-                self._expire(request)
-            self._running = [r for r in self._running if not r.state.ended]
-        self._shut_down()
+        try:
+            while not self._stopping:
+                try:
+                    self._turn()
+                except Exception as error:  # a bug: fail the running requests, keep serving
+                    log.error("engine step failed: %s\n%s", type(error).__name__,
+                              "".join(traceback.format_tb(error.__traceback__)).rstrip())
+                    for request in self._running:
+                        request.generation.close()
+                        self._end(request, RequestState.FINISHED)
+                        self._fail(request.handle, error)
+                    self._running = []
+        finally:
+            self._shut_down()
+
+    def _turn(self) -> None:
+        """Admit, run one engine step, deliver its events, end what is over."""
+        self._admit(block=not self._running)
+        if not self._running:
+            return
+        step = next_step(self._running, self.step_budget, self.engine.can_join)
+        started = time.perf_counter()
+        results = self.engine.step(step)
+        if step.decode and not step.prefill:
+            self._pace(step.decode, time.perf_counter() - started)
+        for request, events in results.items():
+            self._deliver(request, events)
+        for request in self._running:
+            self._expire(request)
+        self._running = [r for r in self._running if not r.state.ended]
 
     def _shut_down(self) -> None:
         """Running requests end as cancelled (their KV freed), waiting ones get ServiceClosed."""
@@ -227,7 +249,7 @@ class Service:
             if handle is None:
                 return
             block = False
-            handle.started = time.perf_counter()
+            handle.started = handle.started or time.perf_counter()
             if handle.cancelled.is_set():
                 handle.state = RequestState.CANCELLED
                 handle.put(DONE)
@@ -333,12 +355,12 @@ class Service:
 
     def _finish(self, request: RunningRequest, done: Completion, state: RequestState) -> None:
         handle = self._end(request, state)
-        if handle.on_done is not None:
-            handle.on_done(done)
+        for callback in (handle.on_done and (lambda: handle.on_done(handle, done)),
+                         self.on_finish and (lambda: self.on_finish(handle, done))):
+            if callback:
+                _quietly(callback)
         handle.put(done)
         handle.put(DONE)
-        if self.on_finish is not None:
-            self.on_finish(handle, done)
 
     @staticmethod
     def _end(request: RunningRequest, state: RequestState) -> Handle:
@@ -350,6 +372,15 @@ class Service:
         handle.state = RequestState.FINISHED
         handle.put(error)
         handle.put(DONE)
+
+
+def _quietly(callback: Callable[[], None]) -> None:
+    """An app's callback that fails is logged; it never stops the engine or the reply."""
+    try:
+        callback()
+    except Exception as error:
+        log.error("a completion callback failed: %s\n%s", type(error).__name__,
+                  "".join(traceback.format_tb(error.__traceback__)).rstrip())
 
 
 def _max_tokens(sampling: dict[str, Any]) -> int:
@@ -391,9 +422,7 @@ class Session:
         messages = self.messages + [{"role": "user", "content": content}]
         request = Request(messages, {**self.sampling, **sampling}, chat=True,
                           timeout_s=self.timeout_s or self.service.default_timeout_s)
-        handle = self.service.submit(request)
-        handle.on_done = lambda done: self._record(handle, messages, done)
-        return handle
+        return self.service.submit(request, on_done=lambda handle, done: self._record(handle, messages, done))
 
     def _record(self, handle: Handle, messages: list[dict], done: Completion) -> None:
         self.messages = messages + [{"role": "assistant", "content": done.text}]

@@ -85,6 +85,8 @@ def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
     assert step.decode == [a, b] and step.prefill == [(new, 6)]  # 8 tokens a step: 2 decode, 6 prompt
     crowded = [_running(RequestState.DECODING) for _ in range(9)] + [new]
     assert next_step(crowded, budget).prefill == [(new, 1)]  # a prompt always advances
+    apart = next_step([a, new], StepBudget(separate_chunk=64), joinable=lambda decode, newcomer: False)
+    assert apart.prefill == [(new, 64)]  # not one native call: a chunk worth its fixed cost
     alone = next_step([new, newer], budget)
     assert alone.decode == [] and alone.prefill == [(new, 512)]
     assert next_step([newer], budget).prefill == [(newer, 10)]
@@ -109,3 +111,23 @@ def test_one_pool_and_budget_serve_every_kv_precision():
     a.release()
     b.release()
     assert f16.pool.used_bytes == 0
+
+
+def test_a_sequence_that_cannot_take_its_cached_prefix_gives_everything_back():
+    from edgellm.kv import KVConfig, KVManager, LayerSpec
+
+    specs = [LayerSpec(kv_heads=1, head_dim=32, window=None, rotate=None)] * 2
+    kv = KVManager(specs, KVConfig(k_precision="f32", v_precision="f32", block_size=4, budget_bytes=40 * 1024,
+                                   prefix_cache_bytes=40 * 1024), 4096)
+    prompt = list(range(33))
+    seq, _ = kv.new_sequence(prompt)
+    seq.prepare(len(prompt))
+    seq.advance(prompt)  # 8 full blocks are remembered
+    seq.release()
+    cached = kv.pool.used_bytes
+    hog = kv.take((kv.pool.available_bytes()) // kv.block_bytes)  # the rest of the budget
+    with pytest.raises(OutOfMemoryBudget):
+        kv.new_sequence(prompt)  # reusing needs 8 more blocks: there are none
+    assert kv.prefix.evictable_bytes == cached  # no pin left behind
+    kv.pool.free(hog)
+    assert kv.pool.used_bytes == cached

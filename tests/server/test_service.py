@@ -221,3 +221,15 @@ def test_closing_the_service_ends_every_request_and_frees_their_kv(smollm2_path)
         svc.submit(Request("again", body))
     assert model.kv.live_bytes == 0
     model.close()
+
+
+def test_a_failing_app_callback_never_stops_the_engine(service):
+    calls = []
+
+    def broken(handle, done):
+        calls.append(done)
+        raise RuntimeError("the app's bug")
+
+    first = service.submit(Request("Hello", {"max_tokens": 2}), on_done=broken)
+    assert _done(first).token_ids and calls
+    assert _done(service.submit(Request("Hello again", {"max_tokens": 2}))).token_ids  # still serving

@@ -8,7 +8,8 @@ each layer, and per block its four projections and the vectors (norms, biases) t
 struct points to, in the C struct's order. Caches are read through their public `stores`,
 `slot_positions` and `capacity`, and told with `mark_written` what the C layers appended.
 
-It applies in fast mode when everything the C layers assume holds: one new token per sequence,
+It applies in fast mode when everything the C layers assume holds: at most MAX_SEQS rows (one
+new token per decoding sequence, or a few prompt tokens of one sequence: `step_rows`),
 every projection on edgellm's INT4 kernel (`Int4Linear`), on GGUF blocks or INT8 rows in place
 (`BlockLinear`) or dense, the model's MLP activation, and KV stores in f32, f16, bf16, int8 or
 int4 (kv/codecs.py), dense or sliding rings.

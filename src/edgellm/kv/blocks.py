@@ -3,7 +3,9 @@ the prefix index that lets a request reuse the blocks of an earlier one with the
 tokens. Policy (which sequence grows, what to evict) lives with the callers."""
 from __future__ import annotations
 
+import functools
 import hashlib
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -25,6 +27,8 @@ class BlockPool:
         self._free: list[int] = []
         self._next_id = 0
         self.used_bytes = 0
+        # The engine thread and app threads (a session releasing its KV) both come here.
+        self.lock = threading.RLock()
 
     @property
     def used_blocks(self) -> int:
@@ -34,6 +38,10 @@ class BlockPool:
         return None if self.budget_bytes is None else self.budget_bytes - self.used_bytes
 
     def allocate(self, n: int, block_bytes: int | None = None) -> list[int]:
+        with self.lock:
+            return self._allocate(n, block_bytes)
+
+    def _allocate(self, n: int, block_bytes: int | None) -> list[int]:
         if n <= 0:
             return []
         size = self.block_bytes if block_bytes is None else block_bytes
@@ -53,15 +61,17 @@ class BlockPool:
         return self._next_id - 1
 
     def share(self, block: int) -> None:
-        self._refs[block] += 1
+        with self.lock:
+            self._refs[block] += 1
 
     def free(self, blocks: Sequence[int]) -> None:
-        for block in blocks:
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                del self._refs[block]
-                self.used_bytes -= self._sizes.pop(block)
-                self._free.append(block)
+        with self.lock:
+            for block in blocks:
+                self._refs[block] -= 1
+                if self._refs[block] == 0:
+                    del self._refs[block]
+                    self.used_bytes -= self._sizes.pop(block)
+                    self._free.append(block)
 
     def refcount(self, block: int) -> int:
         return self._refs.get(block, 0)
@@ -79,6 +89,15 @@ def chain_hashes(tokens: Sequence[int], block_size: int, salt: str = "") -> list
         previous = hashlib.sha256(f"{previous}|{block}".encode()).hexdigest()
         hashes.append(previous)
     return hashes
+
+
+def _locked(method):
+    """Run a PrefixIndex method under its pool's lock."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self.pool.lock:
+            return method(self, *args, **kwargs)
+    return locked
 
 
 @dataclass
@@ -114,10 +133,12 @@ class PrefixIndex:
     def nbytes(self) -> int:
         return self._nbytes
 
+    @_locked
     def bytes_of(self, hashes: Sequence[str]) -> int:
         """Bytes of those of `hashes` that are cached."""
         return sum(self._entries[h].nbytes for h in hashes if h in self._entries)
 
+    @_locked
     def lookup(self, hashes: Sequence[str]) -> list[Any]:
         """Payloads of the longest cached run of `hashes` from the start; marks them in use
         (call release with the same hashes when the request ends)."""
@@ -131,6 +152,7 @@ class PrefixIndex:
             found.append(entry.payload)
         return found
 
+    @_locked
     def release(self, hashes: Sequence[str]) -> None:
         for h in hashes:
             entry = self._entries.get(h)
@@ -138,6 +160,7 @@ class PrefixIndex:
                 entry.users -= 1
         self._evict()
 
+    @_locked
     def insert(self, h: str, payload: Any, block_bytes: int | None = None) -> bool:
         """Cache a block's KV (`block_bytes`, default the pool's block size) under its chain
         hash; False when it is already there or no room can be made."""
@@ -156,6 +179,7 @@ class PrefixIndex:
         self._nbytes += size
         return True
 
+    @_locked
     def evict(self, nbytes: int) -> int:
         """Free at least `nbytes` of unused cached blocks if there are that many, oldest
         first (a new request needs the room); returns the bytes freed."""
@@ -177,9 +201,11 @@ class PrefixIndex:
         self.pool.free([entry.block])
 
     @property
+    @_locked
     def evictable_bytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values() if e.users == 0)
 
+    @_locked
     def drop(self, hashes: Sequence[str]) -> int:
         """Forget these blocks now unless someone is using them; returns how many went."""
         dropped = 0
@@ -190,6 +216,7 @@ class PrefixIndex:
                 dropped += 1
         return dropped
 
+    @_locked
     def clear(self) -> None:
         for h in list(self._entries):
             self._remove(h)

@@ -270,7 +270,11 @@ class KVManager:
         """A fresh sequence, pre-filled with the longest cached prefix of `prompt`; returns
         it and how many prompt tokens it already holds (at least one is left to compute)."""
         seq = SequenceKV(self, min(self.config.max_tokens or self.context_length, self.context_length))
-        reused = self._reuse_prefix(seq, prompt) if self.prefix is not None else 0
+        try:
+            reused = self._reuse_prefix(seq, prompt) if self.prefix is not None else 0
+        except BaseException:  # e.g. no room for the reused blocks: give back the pins and ring blocks
+            seq.release()
+            raise
         return seq, reused
 
     def _reuse_prefix(self, seq: SequenceKV, prompt: Sequence[int]) -> int:
