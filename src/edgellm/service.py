@@ -254,11 +254,11 @@ class Service:
                 handle.state = RequestState.CANCELLED
                 handle.put(DONE)
                 continue
+            if time.perf_counter() > self._deadline(handle):  # its time ran out in the queue: no work
+                self._time_out_unstarted(handle)
+                continue
             try:
-                request = self._start(handle)
-                self._expire(request)  # its time may have run out in the queue: no work then
-                if not request.state.ended:
-                    self._running.append(request)
+                self._running.append(self._start(handle))
             except OutOfMemoryBudget as error:
                 if not self._running:
                     self._fail(handle, error)  # it does not fit even alone
@@ -283,6 +283,17 @@ class Service:
             self._depth -= 1
         return handle
 
+    def _deadline(self, handle: Handle) -> float:
+        return handle.submitted + (handle.request.timeout_s or self.default_timeout_s)
+
+    def _time_out_unstarted(self, handle: Handle) -> None:
+        from edgellm.generate.events import Timings
+        from edgellm.memory import peak_rss_bytes
+
+        handle.state = RequestState.TIMED_OUT
+        timings = Timings(len(handle.prompt_ids), 0, 0.0, 0.0, 0.0, peak_rss_bytes())
+        self._complete(handle, Completion("timeout", "", (), "", timings))
+
     def _start(self, handle: Handle) -> RunningRequest:
         request = handle.request
         sampling = dict(request.sampling)
@@ -297,8 +308,7 @@ class Service:
             generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
             handle.kv = generation.kv
         reserved = generation.kv.bytes_needed(len(handle.prompt_ids) + generation.budget)
-        running = RunningRequest(handle, generation, handle.submitted + (request.timeout_s or self.default_timeout_s),
-                                 reserved)
+        running = RunningRequest(handle, generation, self._deadline(handle), reserved)
         running.state = RequestState.PREFILLING
         return running
 
@@ -354,7 +364,9 @@ class Service:
             self._finish(request, request.generation.finish("timeout"), RequestState.TIMED_OUT)
 
     def _finish(self, request: RunningRequest, done: Completion, state: RequestState) -> None:
-        handle = self._end(request, state)
+        self._complete(self._end(request, state), done)
+
+    def _complete(self, handle: Handle, done: Completion) -> None:
         for callback in (handle.on_done and (lambda: handle.on_done(handle, done)),
                          self.on_finish and (lambda: self.on_finish(handle, done))):
             if callback:
