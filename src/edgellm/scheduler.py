@@ -47,6 +47,7 @@ class ModelRoom:
     bytes_needed: Callable[[str, int], int]  # (precision, tokens) -> bytes
     free_bytes: int | None  # None: no budget
     sliding: bool = False  # a sink + window cache: generation may run past the context
+    prompt_tokens: int | None = None  # the prompt in this model's tokens, where its tokenizer differs
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ def plan_request(ask: Ask, main: ModelRoom, fallback: ModelRoom | None, device: 
 
 def _kv_tokens(ask: Ask, room: ModelRoom) -> int:
     """Tokens the request's KV holds at most (the generation budget stops at the context)."""
-    generated = ask.max_tokens if room.sliding else min(ask.max_tokens, max(0, room.context_length - ask.prompt_tokens))
-    return ask.prompt_tokens + generated
+    prompt = ask.prompt_tokens if room.prompt_tokens is None else room.prompt_tokens
+    generated = ask.max_tokens if room.sliding else min(ask.max_tokens, max(0, room.context_length - prompt))
+    return prompt + generated
 
 
 @dataclass(eq=False)

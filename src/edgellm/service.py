@@ -297,8 +297,9 @@ class Service:
     def _start(self, handle: Handle) -> RunningRequest:
         request = handle.request
         sampling = dict(request.sampling)
+        fallback = self._room(self.fallback_model, self._fallback_tokens(request)) if self.fallback_model else None
         plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), self._room(self.model),
-                            self._room(self.fallback_model), self._device(), self.policy)
+                            fallback, self._device(), self.policy)
         handle.plan = plan
         handle.degraded += [d for d in plan.degraded if d not in handle.degraded]
         if plan.fallback_model:
@@ -307,16 +308,19 @@ class Service:
         else:
             generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
             handle.kv = generation.kv
-        reserved = generation.kv.bytes_needed(len(handle.prompt_ids) + generation.budget)
+        reserved = generation.kv.bytes_needed(len(generation.prompt_ids) + generation.budget)
         running = RunningRequest(handle, generation, self._deadline(handle), reserved)
         running.state = RequestState.PREFILLING
         return running
 
-    def _room(self, model) -> ModelRoom | None:
+    def _fallback_tokens(self, request: Request) -> int:
+        """The prompt's length in the fallback model's tokens (its tokenizer may differ)."""
+        model = self.fallback_model
+        return len(model.template.encode_chat(request.prompt) if request.chat else model.prompt_ids(request.prompt))
+
+    def _room(self, model, prompt_tokens: int | None = None) -> ModelRoom:
         """What admission sees of a model's KV: its byte budget minus what running requests
         hold or may still grow into."""
-        if model is None:
-            return None
         kv = model.kv
         free = kv.free_bytes()
         if free is not None:
@@ -324,7 +328,7 @@ class Service:
                 if r.generation.kv.pool is kv.pool:
                     free -= max(0, r.reserved_bytes - len(r.generation.seq.blocks) * r.generation.kv.block_bytes)
         return ModelRoom(model.context_length, kv.precision, lambda p, n: model.kv_for(p).bytes_needed(n), free,
-                         sliding=kv.config.max_tokens is not None)
+                         sliding=kv.config.max_tokens is not None, prompt_tokens=prompt_tokens)
 
     def _device(self) -> DeviceState:
         return DeviceState(hot=self.thermal is not None and self.thermal.state().hot)

@@ -131,3 +131,12 @@ def test_a_sequence_that_cannot_take_its_cached_prefix_gives_everything_back():
     assert kv.prefix.evictable_bytes == cached  # no pin left behind
     kv.pool.free(hog)
     assert kv.pool.used_bytes == cached
+
+
+def test_the_fallback_model_is_planned_in_its_own_tokens():
+    # 300 prompt tokens for the main model, 900 in the fallback's coarser tokenizer
+    small_tokens = ModelRoom(1000, "f16", lambda p, n: BYTES_PER_TOKEN[p] * n, 50_000, prompt_tokens=900)
+    with pytest.raises(OutOfMemoryBudget):  # 1,000 tokens of f16 KV (900 + the 100 that fit) > 50,000 B
+        plan_request(ASK, room(free=5_000), small_tokens, DeviceState(), Policy(fallbacks=("smaller_model",)))
+    fits = ModelRoom(1000, "f16", lambda p, n: BYTES_PER_TOKEN[p] * n, 50_000, prompt_tokens=200)
+    assert plan_request(ASK, room(free=5_000), fits, DeviceState(), Policy(fallbacks=("smaller_model",))).fallback_model
