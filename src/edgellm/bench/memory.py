@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 
@@ -63,7 +63,32 @@ def memory_report(model_name: str, precisions=PRECISIONS, contexts=CONTEXTS, con
         if out.returncode != 0:
             raise RuntimeError(out.stderr.strip().splitlines()[-1])
         curves.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return dict(model=model_name, curves=curves)
+    return dict(model=model_name, curves=curves, shared_prompt=shared_prompt_kv(model_name))
+
+
+def shared_prompt_kv(model_name: str, sessions: int = 8, prompt_tokens: int = 1000) -> dict:
+    """KV bytes held (sequences and the prefix cache together) by `sessions` conversations that
+    share a ~prompt_tokens system prompt, each prefilled and alive, against one such session."""
+    import torch
+
+    import edgellm
+
+    model = edgellm.load(model_name)  # prefix reuse on, as users meet it
+    tokenizer = model.tokenizer
+    system = {"role": "system", "content": tokenizer.decode(bench_prompt(tokenizer, prompt_tokens))}
+    held = []
+    with torch.inference_mode():
+        for i in range(sessions):
+            generation = model.generation([system, {"role": "user", "content": f"Question {i}?"}], chat=True,
+                                          max_tokens=1)
+            generation.prefill()
+            held.append((generation, model.kv.pool.used_bytes))
+    for generation, _ in held:
+        generation.close()
+    model.close()
+    one, all_ = held[0][1], held[-1][1]
+    return dict(sessions=sessions, prompt_tokens=prompt_tokens, kv_bytes_one_session=one,
+                kv_bytes_all_sessions=all_, ratio=round(all_ / one, 2))
 
 
 def plot_memory(report: dict, path) -> None:
