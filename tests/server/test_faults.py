@@ -134,4 +134,6 @@ def test_official_client_meets_prefix_reuse_by_default(server):
                for question in ("Who keeps it?", "How tall is it?")]
     hits = [r.model_extra["edgellm"]["prefix_hit_tokens"] for r in replies]
     assert hits[1] >= 256 and hits[1] > hits[0]  # the shared system prompt was not prefilled again
+    assert _metric(server, 'edgellm_tokens_total{kind="prompt_from_prefix_cache"}') >= sum(hits)
+    assert _metric(server, "edgellm_prefix_cache_bytes") > 0
     assert json.dumps(replies[1].model_dump())  # still a plain OpenAI response

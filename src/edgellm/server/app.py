@@ -120,6 +120,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             metrics.prefill.observe(t.prefill_tokens_per_s)
         metrics.queue_wait.observe(handle.queue_wait_s)
         metrics.tokens.labels("prompt").inc(t.prompt_tokens)
+        metrics.tokens.labels("prompt_from_prefix_cache").inc(t.prefix_hit_tokens)
         metrics.tokens.labels("completion").inc(t.completion_tokens)
         for reason in handle.degraded:
             metrics.degrades.labels(reason).inc()
@@ -189,6 +190,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
     async def prometheus():
         metrics.queue_depth.set(service.queue_depth)
         metrics.kv_bytes.set(model.kv.pool.used_bytes)
+        metrics.prefix_bytes.set(model.kv.pool.used_bytes - model.kv.live_bytes)
         metrics.peak_rss.set(peak_rss_bytes())
         if thermal is not None:
             state = thermal.state()

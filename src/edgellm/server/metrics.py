@@ -28,6 +28,7 @@ class Metrics:
         self.warmups = Counter("edgellm_warmups", "Background warmup inferences", ["outcome"], registry=r)
         self.queue_depth = Gauge("edgellm_queue_depth", "Requests waiting", registry=r)
         self.kv_bytes = Gauge("edgellm_kv_bytes", "KV cache bytes held in the pool", registry=r)
+        self.prefix_bytes = Gauge("edgellm_prefix_cache_bytes", "Of those, blocks kept for prefix reuse", registry=r)
         self.peak_rss = Gauge("edgellm_peak_rss_bytes", "Process resident memory high-water mark", registry=r)
 
     def render(self) -> bytes:
