@@ -14,78 +14,18 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from edgellm.engine import Engine
 from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget, ServiceClosed
 from edgellm.generate import Completion
-from edgellm.scheduler import (FALLBACKS, Ask, DeviceState, ModelRoom, Plan, Policy, RequestState, RunningRequest,
+from edgellm.handle import DONE, Handle, Request
+from edgellm.scheduler import (FALLBACKS, Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest,
                                StepBudget, next_step, plan_request, turns_to_drop)
+from edgellm.session import Session
 
+__all__ = ["DONE", "Handle", "Request", "Service", "Session"]  # the ones apps use, wherever they live
 log = logging.getLogger("edgellm.service")
-DONE = object()  # end of a handle's event stream
-
-
-@dataclass
-class Request:
-    prompt: Any  # str, token ids, or chat messages
-    sampling: dict[str, Any] = field(default_factory=dict)
-    chat: bool = False
-    timeout_s: float = 15.0
-
-
-class Handle:
-    """A submitted request: iterate its events (TokenEvent..., Completion); cancel() any time."""
-
-    def __init__(self, request: Request):
-        self.request = request
-        self.state = RequestState.WAITING
-        self.degraded: list[str] = []  # e.g. "context_truncated", "thermal_throttle", "kv_int4_fallback"
-        self.plan: Plan | None = None
-        self.kv = None  # the KVManager it ran on (sessions pin its blocks there)
-        self.prompt_ids: list[int] = []
-        self.cancelled = threading.Event()
-        self.submitted = time.perf_counter()
-        self.started: float | None = None
-        self._events: queue.Queue = queue.Queue()
-        self.on_done: Callable[[Handle, Completion], None] | None = None  # e.g. a Session recording the reply
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def next_event(self, timeout_s: float | None = None) -> Any:
-        """The next TokenEvent or Completion; DONE at the end; None if nothing came within
-        timeout_s. An error that ended the request is raised here."""
-        try:
-            event = self._events.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-        if isinstance(event, BaseException):
-            self._events.put(DONE)
-            raise event
-        return event
-
-    def put(self, event: Any) -> None:
-        self._events.put(event)
-
-    def __iter__(self) -> Iterator:
-        while (event := self.next_event()) is not DONE:
-            yield event
-
-    async def __aiter__(self):
-        """The same events for asyncio code (the blocking wait runs in a worker thread)."""
-        import anyio
-
-        try:
-            while (event := await anyio.to_thread.run_sync(self.next_event)) is not DONE:
-                yield event
-        finally:
-            self.cancel()
-
-    @property
-    def queue_wait_s(self) -> float:
-        return (self.started or time.perf_counter()) - self.submitted
 
 
 class Service:
@@ -419,45 +359,3 @@ def _droppable_turns(messages: list[dict]) -> list[list[int]]:
             turns[-1].append(i)
     return turns[:-1]
 
-
-class Session:
-    """What an app holds: one conversation on the shared model. The KV of its last turn stays
-    pinned in the model's prefix cache between turns until release() frees it."""
-
-    def __init__(self, service: Service, *, system: str | None = None, timeout_s: float | None = None,
-                 **sampling: Any):
-        self.service, self.sampling, self.timeout_s = service, sampling, timeout_s
-        self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
-        self._kv, self._pins = None, []
-        self.released = False
-
-    def infer(self, content: str, **sampling: Any) -> Handle:
-        """Send the next user message; iterate (or async-iterate) the returned handle."""
-        if self.released:
-            raise InvalidRequest("this session was released")
-        messages = self.messages + [{"role": "user", "content": content}]
-        request = Request(messages, {**self.sampling, **sampling}, chat=True,
-                          timeout_s=self.timeout_s or self.service.default_timeout_s)
-        return self.service.submit(request, on_done=lambda handle, done: self._record(handle, messages, done))
-
-    def _record(self, handle: Handle, messages: list[dict], done: Completion) -> None:
-        self.messages = messages + [{"role": "assistant", "content": done.text}]
-        self._unpin()
-        if handle.kv is not None:  # pinned until the next turn or release()
-            self._kv, self._pins = handle.kv, handle.kv.pin(handle.prompt_ids + list(done.token_ids))
-
-    def _unpin(self, drop: bool = False) -> int:
-        freed = self._kv.unpin(self._pins, drop=drop) if self._kv is not None else 0
-        self._kv, self._pins = None, []
-        return freed
-
-    @property
-    def kv_bytes(self) -> int:
-        """KV this session keeps between turns."""
-        return self._kv.pinned_bytes(self._pins) if self._kv is not None else 0
-
-    def release(self) -> int:
-        """Free this session's KV now; returns the bytes freed."""
-        freed = self._unpin(drop=True)
-        self.released = True
-        return freed

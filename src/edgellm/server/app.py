@@ -21,7 +21,8 @@ from edgellm.generate import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
 from edgellm.server.metrics import Metrics
 from edgellm.server.schemas import ChatRequest, CompletionRequest
-from edgellm.service import DONE, Handle, Request as ServiceRequest, Service
+from edgellm.handle import DONE, Handle, Request as ServiceRequest
+from edgellm.service import Service
 
 log = logging.getLogger("edgellm.server")
 
