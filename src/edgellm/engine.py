@@ -7,17 +7,15 @@ from collections import defaultdict
 import torch
 
 from edgellm.generate.generator import decode_step, decode_with_prompt_chunk
+from edgellm.kernels.decode import MAX_SEQS
 from edgellm.scheduler import RequestState, RunningRequest, Step
-
-
-MAX_ROWS = 8  # rows of one native decode call (kernels/decode.py MAX_SEQS)
 
 
 class Engine:
     @staticmethod
     def can_join(decode: list[RunningRequest], newcomer: RunningRequest) -> bool:
         """Whether a prompt chunk of `newcomer` can ride in the decode step's native call."""
-        return (getattr(newcomer.generation.model, "decoder", None) is not None and len(decode) < MAX_ROWS
+        return (getattr(newcomer.generation.model, "decoder", None) is not None and len(decode) < MAX_SEQS
                 and len(_by_model(list(decode) + [newcomer])) == 1)
 
     def step(self, step: Step) -> dict[RunningRequest, list]:

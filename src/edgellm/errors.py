@@ -2,6 +2,14 @@
 from __future__ import annotations
 
 
+def type_and_stack(error: BaseException) -> str:
+    """What a log may say of an unexpected failure: its type and stack, never its message
+    (which may quote user text)."""
+    import traceback
+
+    return f"{type(error).__name__}\n" + "".join(traceback.format_tb(error.__traceback__)).rstrip()
+
+
 class EdgeLLMError(Exception):
     """Base of all deliberate edgellm errors."""
 

@@ -103,10 +103,7 @@ class Model:
 
     def kv_for(self, precision: str | None = None) -> KVManager:
         """The KV manager of a precision ("int8", "f16:int4"; None: the model's default)."""
-        if precision is None:
-            return self.kv
-        k, _, v = precision.partition(":")
-        return self.kv.for_precision(k, v or k)
+        return self.kv if precision is None else self.kv.for_precision(precision)
 
     def _options(self, kv: str | None = None) -> dict[str, Any]:
         return dict(token_bytes=self.tokenizer.token_bytes, eos_ids=self.tokenizer.eos_ids, kv=self.kv_for(kv),

@@ -13,13 +13,13 @@ import logging
 import queue
 import threading
 import time
-import traceback
 from typing import Any, Callable
 
 from edgellm.engine import Engine
-from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget, ServiceClosed
-from edgellm.generate import Completion
+from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget, ServiceClosed, type_and_stack
+from edgellm.generate import Completion, Timings
 from edgellm.handle import DONE, Handle, Request
+from edgellm.memory import peak_rss_bytes
 from edgellm.scheduler import (FALLBACKS, Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest,
                                StepBudget, next_step, plan_request, turns_to_drop)
 from edgellm.session import Session
@@ -139,12 +139,9 @@ class Service:
                 try:
                     self._turn()
                 except Exception as error:  # a bug: fail the running requests, keep serving
-                    log.error("engine step failed: %s\n%s", type(error).__name__,
-                              "".join(traceback.format_tb(error.__traceback__)).rstrip())
+                    log.error("engine step failed: %s", type_and_stack(error))
                     for request in self._running:
-                        request.generation.close()
-                        self._end(request, RequestState.FINISHED)
-                        self._fail(request.handle, error)
+                        self._abort(request, error)
                     self._running = []
         finally:
             self._shut_down()
@@ -227,9 +224,6 @@ class Service:
         return handle.submitted + (handle.request.timeout_s or self.default_timeout_s)
 
     def _time_out_unstarted(self, handle: Handle) -> None:
-        from edgellm.generate.events import Timings
-        from edgellm.memory import peak_rss_bytes
-
         handle.state = RequestState.TIMED_OUT
         timings = Timings(len(handle.prompt_ids), 0, 0.0, 0.0, 0.0, peak_rss_bytes())
         self._complete(handle, Completion("timeout", "", (), "", timings))
@@ -289,9 +283,7 @@ class Service:
     def _deliver(self, request: RunningRequest, events: list) -> None:
         for event in events:
             if isinstance(event, BaseException):
-                request.generation.close()
-                self._end(request, RequestState.FINISHED)
-                self._fail(request.handle, event)
+                self._abort(request, event)
                 return
             if isinstance(event, Completion):
                 self._finish(request, event, RequestState.FINISHED)
@@ -323,6 +315,11 @@ class Service:
         request.state = state
         return request.handle
 
+    def _abort(self, request: RunningRequest, error: BaseException) -> None:
+        """End a running request with an error: its KV goes back, its caller gets the error."""
+        request.generation.close()
+        self._fail(self._end(request, RequestState.FINISHED), error)
+
     @staticmethod
     def _fail(handle: Handle, error: BaseException) -> None:
         handle.state = RequestState.FINISHED
@@ -335,8 +332,7 @@ def _quietly(callback: Callable[[], None]) -> None:
     try:
         callback()
     except Exception as error:
-        log.error("a completion callback failed: %s\n%s", type(error).__name__,
-                  "".join(traceback.format_tb(error.__traceback__)).rstrip())
+        log.error("a completion callback failed: %s", type_and_stack(error))
 
 
 def _max_tokens(sampling: dict[str, Any]) -> int:

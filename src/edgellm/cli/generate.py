@@ -39,6 +39,7 @@ def _kv_config(args: argparse.Namespace):
     from dataclasses import replace
 
     from edgellm.kv import KVConfig
+    from edgellm.kv.sequence import split_precision
 
     prefix = getattr(args, "prefix_cache", None)
     if args.kv_precision is None and args.kv_window is None and prefix is None:
@@ -47,8 +48,8 @@ def _kv_config(args: argparse.Namespace):
 
     config = KVConfig(max_tokens=args.kv_window, prefix_cache_bytes=None if prefix is None else parse_bytes(prefix))
     if args.kv_precision:
-        k, _, v = args.kv_precision.partition(":")
-        config = replace(config, k_precision=k, v_precision=v or k)
+        k, v = split_precision(args.kv_precision)
+        config = replace(config, k_precision=k, v_precision=v)
     return KVConfig(**config.__dict__)  # re-validated
 
 

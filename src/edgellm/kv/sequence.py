@@ -43,6 +43,12 @@ class KVConfig:
             raise InvalidRequest("prefix_cache_bytes must be >= 0 (0 turns prefix reuse off)")
 
 
+def split_precision(text: str) -> tuple[str, str]:
+    """"int8" -> (int8, int8); "int8:int4" -> K int8, V int4 (how the CLI and API name them)."""
+    k, _, v = text.partition(":")
+    return k, v or k
+
+
 AUTO_PREFIX_CAP = 256 * 2**20
 
 
@@ -211,9 +217,10 @@ class KVManager:
             self.pool, self.prefix, self._variants = shared.pool, shared.prefix, shared._variants
         self._variants[(config.k_precision, config.v_precision)] = self
 
-    def for_precision(self, k_precision: str, v_precision: str | None = None) -> KVManager:
-        """This manager's twin for another KV precision, on the same pool, budget and prefix cache."""
-        key = (k_precision, v_precision or k_precision)
+    def for_precision(self, precision: str) -> KVManager:
+        """This manager's twin for another KV precision ("int8", "int8:int4" for K:V), on the
+        same pool, budget and prefix cache."""
+        key = split_precision(precision)
         if key not in self._variants:
             config = replace(self.config, k_precision=key[0], v_precision=key[1])
             KVManager(self.specs, config, self.context_length, self.salt, shared=self)

@@ -6,7 +6,6 @@ import json
 import logging
 import threading
 import time
-import traceback
 import uuid
 from typing import Any, AsyncIterator
 
@@ -16,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest
+from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest, type_and_stack
 from edgellm.generate import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
 from edgellm.server.metrics import Metrics
@@ -50,8 +49,7 @@ def _translate(error: BaseException) -> APIError:
         return APIError(400, str(error), "invalid_request_error")
     if isinstance(error, EdgeLLMError):
         return APIError(503, str(error), "server_error", type(error).__name__)
-    log.error("internal error %s\n%s", type(error).__name__,
-              "".join(traceback.format_tb(error.__traceback__)).rstrip())
+    log.error("internal error %s", type_and_stack(error))
     return APIError(500, "internal error", "server_error")
 
 
