@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from edgellm.engine import Engine
 from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget, ServiceClosed, type_and_stack
@@ -232,7 +232,7 @@ class Service:
         request = handle.request
         sampling = dict(request.sampling)
         fallback = self._room(self.fallback_model, self._fallback_tokens(request)) if self.fallback_model else None
-        plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), self._room(self.model),
+        plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), self._room(self.model, prompt=handle.prompt_ids),
                             fallback, self._device(), self.policy)
         handle.plan = plan
         handle.degraded += [d for d in plan.degraded if d not in handle.degraded]
@@ -252,16 +252,22 @@ class Service:
         model = self.fallback_model
         return len(model.template.encode_chat(request.prompt) if request.chat else model.prompt_ids(request.prompt))
 
-    def _room(self, model, prompt_tokens: int | None = None) -> ModelRoom:
+    def _room(self, model, prompt_tokens: int | None = None, prompt: Sequence[int] = ()) -> ModelRoom:
         """What admission sees of a model's KV: its byte budget minus what running requests
-        hold or may still grow into."""
+        hold or may still grow into; a request needs no room for the cached prefix blocks of
+        `prompt` that running requests hold (it shares them)."""
         kv = model.kv
         free = kv.free_bytes()
         if free is not None:
             for r in self._running:
                 if r.generation.kv.pool is kv.pool:
                     free -= max(0, r.reserved_bytes - len(r.generation.seq.blocks) * r.generation.kv.block_bytes)
-        return ModelRoom(model.context_length, kv.precision, lambda p, n: model.kv_for(p).bytes_needed(n), free,
+
+        def needed(precision: str, tokens: int) -> int:
+            twin = model.kv_for(precision)
+            return twin.bytes_needed(tokens) - twin.shared_bytes(prompt)
+
+        return ModelRoom(model.context_length, kv.precision, needed, free,
                          sliding=kv.config.max_tokens is not None, prompt_tokens=prompt_tokens)
 
     def _device(self) -> DeviceState:

@@ -11,7 +11,7 @@ import torch
 import edgellm
 from edgellm import kernels
 from edgellm.kernels.decode import fused_step
-from edgellm.kv import BatchKV, KVConfig
+from edgellm.kv import BatchKV, KVConfig, RingCache
 from edgellm.kv.codecs import CODECS
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs the native kernels (a C compiler)")
@@ -80,10 +80,13 @@ def test_fused_decode_matches_pytorch_layers(name, repeats, tolerance, k, v, req
 def _copy_state(dst, src) -> None:
     """Make sequence dst's caches byte for byte src's."""
     for a, b in zip(dst.layers, src.layers):
-        for store_a, store_b in ((a.k, b.k), (a.v, b.v)):
-            store_a.parts = {n: p.clone() for n, p in store_b.parts.items()}
-        if hasattr(b, "positions"):
-            a.positions = b.positions.clone()
+        if isinstance(b, RingCache):
+            for store_a, store_b in ((a.k, b.k), (a.v, b.v)):
+                for n, p in store_b.parts.items():
+                    store_a.parts[n].copy_(p)
+            a.positions.copy_(b.positions)
+        else:
+            a.pages, a.version = [page.copy() for page in b.pages], a.version + 1
         a.offset = b.offset
 
 

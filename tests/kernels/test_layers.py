@@ -1,7 +1,8 @@
 """The one-call decoder layers (llama_layer.c, gemma3_layer.c) of every variant against an fp64
 PyTorch rendering of the same equations: random weights in the formats the models use (INT4
 layout, Q8_0, Q5_0, Q5_K blocks), three sequences at different positions in one call, every KV
-codec, dense caches and sliding rings. The reference attends over the cache as stored (decoded
+codec, dense caches in pages (as kv/cache.py's blocks: apart in memory, read through the page
+table) and sliding rings. The reference attends over the cache as stored (decoded
 from its bytes), so the KV encoder's own rounding is not counted against the layer."""
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import Int4Linear
 from tests.quant import reference
 
-HIDDEN, HEADS, KV_HEADS, DIM, INTER, CAPACITY = 128, 4, 2, 32, 256, 24
+HIDDEN, HEADS, KV_HEADS, DIM, INTER = 128, 4, 2, 32, 256
+MAX_LEN, WINDOW, PAGE = 48, 24, 8  # a dense cache: 6 pages; a ring: one of WINDOW
 EPS = 1e-5
 CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3, "bf16": 4}
 
@@ -61,7 +63,7 @@ class _Layer:
         self.down, self.w_down = _blocks("Q5_K", HIDDEN, INTER, seed + 3)
         self.norms = [torch.rand(HIDDEN, generator=g) + 0.5 for _ in range(4)]
         self.head_norms = [torch.rand(DIM, generator=g) + 0.5 for _ in range(2)]
-        dims = decode._LayerDims(HIDDEN, HEADS, KV_HEADS, DIM, INTER, CAPACITY, EPS, DIM ** -0.5)
+        dims = decode._LayerDims(HIDDEN, HEADS, KV_HEADS, DIM, INTER, MAX_LEN, EPS, DIM ** -0.5)
         weights = [decode._weight(m) for m in (self.qkv, self.o, self.gate_up, self.down)]
         if gemma:
             ptrs = [n.data_ptr() for n in self.norms] + [n.data_ptr() for n in self.head_norms]
@@ -81,36 +83,47 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class _Cache:
-    """One sequence's K and V stores in a codec's parts (kv/codecs.py), as the C layer sees them."""
+    """One sequence's K and V in a codec's parts (kv/codecs.py), in pages allocated one by one,
+    as the C layer sees them: a dense cache in pages of PAGE slots, a ring in one page."""
 
     def __init__(self, k: str, v: str, ring: bool):
         self.codecs = (codec(k), codec(v))
-        self.parts = [{n: torch.zeros(KV_HEADS, CAPACITY, s, dtype=t) for n, (s, t) in c.part_shapes(DIM).items()}
-                      for c in self.codecs]
-        self.slot_pos = torch.full((CAPACITY,), -1, dtype=torch.long) if ring else None
+        self.capacity, self.page = (WINDOW, WINDOW) if ring else (MAX_LEN, PAGE)
+        self.pages = [[{n: torch.zeros(KV_HEADS, self.page, s, dtype=t) for n, (s, t) in c.part_shapes(DIM).items()}
+                       for c in self.codecs] for _ in range(self.capacity // self.page)]
+        self.slot_pos = torch.full((WINDOW,), -1, dtype=torch.long) if ring else None
         self.names = (k, v)
 
     def slots(self) -> decode._KVSlots:
-        stores = []
-        for parts, name in zip(self.parts, self.names):
-            main = parts.get("x", parts.get("q"))
-            scale, low = parts.get("scale"), parts.get("min")
-            stores.append(decode._KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
-                                          None if low is None else low.data_ptr(), CODES[name]))
-        return decode._KVSlots(*stores, CAPACITY, None if self.slot_pos is None else self.slot_pos.data_ptr())
+        self.table = (decode._KVPage * len(self.pages))(*(decode._KVPage(*map(self._store, page, self.names))
+                                                           for page in self.pages))
+        return decode._KVSlots(ctypes.addressof(self.table), self.page, self.capacity,
+                               None if self.slot_pos is None else self.slot_pos.data_ptr())
+
+    @staticmethod
+    def _store(parts: dict[str, torch.Tensor], name: str) -> decode._KVStore:
+        main = parts.get("x", parts.get("q"))
+        scale, low = parts.get("scale"), parts.get("min")
+        return decode._KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
+                               None if low is None else low.data_ptr(), CODES[name])
 
     def decoded(self, which: int) -> torch.Tensor:
-        return self.codecs[which].decode(self.parts[which]).double()  # (Hkv, capacity, D)
+        """(Hkv, capacity, D): the pages' slots in order."""
+        names = self.pages[0][which]
+        parts = {n: torch.cat([page[which][n] for page in self.pages], dim=1) for n in names}
+        return self.codecs[which].decode(parts).double()
 
     def fill(self, upto: int, g: torch.Generator) -> None:
         """Positions 0..upto-1 already cached (random keys and values, encoded)."""
+        slots = torch.arange(upto) % self.capacity
         for which in (0, 1):
             x = torch.randn(KV_HEADS, upto, DIM, generator=g)
             for name, value in self.codecs[which].encode(x).items():
-                slots = torch.arange(upto) % CAPACITY if self.slot_pos is not None else torch.arange(upto)
-                self.parts[which][name][:, slots] = value.to(self.parts[which][name].dtype)
+                for slot, row in zip(slots.tolist(), range(upto)):
+                    part = self.pages[slot // self.page][which][name]
+                    part[:, slot % self.page] = value[:, row].to(part.dtype)
         if self.slot_pos is not None:
-            self.slot_pos[torch.arange(upto) % CAPACITY] = torch.arange(upto)
+            self.slot_pos[slots] = torch.arange(upto)
 
 
 def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], pos: list[int]) -> torch.Tensor:
@@ -125,8 +138,8 @@ def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], p
             qkv[HEADS:HEADS + KV_HEADS] = _rms(qkv[HEADS:HEADS + KV_HEADS], layer.head_norms[1])
         q = _rope(qkv[:HEADS], cos[i].double(), sin[i].double())
         keys, values = cache.decoded(0), cache.decoded(1)
-        held = cache.slot_pos if cache.slot_pos is not None else torch.arange(CAPACITY)
-        window = CAPACITY if cache.slot_pos is not None else p + 1
+        held = cache.slot_pos if cache.slot_pos is not None else torch.arange(MAX_LEN)
+        window = WINDOW if cache.slot_pos is not None else p + 1
         visible = (held >= 0) & (held <= p) & (p - held < window)
         heads = []
         for h in range(HEADS):
@@ -151,7 +164,7 @@ def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], p
 def test_decoder_layer_matches_fp64(lib, gemma, k, v, ring):
     layer = _Layer(gemma)
     g = torch.Generator().manual_seed(7)
-    pos = [5, 17, 30] if ring else [5, 17, 0]  # a ring of 24 slots has wrapped at 30
+    pos = [5, 17, 30] if ring else [5, 40, 0]  # a ring of 24 slots has wrapped at 30; 40: a third page
     caches = [_Cache(k, v, ring) for _ in pos]
     for cache, p in zip(caches, pos):
         cache.fill(p, g)
@@ -171,4 +184,4 @@ def test_decoder_layer_matches_fp64(lib, gemma, k, v, ring):
     # int16 activations in every GEMV: ~1e-4 of the largest value
     assert (ours.double() - expected).abs().max() < 1e-3 * expected.abs().max()
     if ring:
-        assert caches[2].slot_pos[30 % CAPACITY] == 30  # the new position took its ring slot
+        assert caches[2].slot_pos[30 % WINDOW] == 30  # the new position took its ring slot

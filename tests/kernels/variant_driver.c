@@ -277,6 +277,7 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
         for (int i = 0; i < M * 64; i++) cs[i] = cosf(0.1f * (float)(i + step)), sn[i] = sinf(0.1f * (float)(i + step));
         for (int lib = 0; lib < 2; lib++) {
             KVSlots slots[M];
+            KVPage pages[M][2];  /* each sequence's 16 slots as two pages of 8, the second first in memory */
             for (int i = 0; i < M; i++) {
                 KVStore s[2];
                 for (int kv = 0; kv < 2; kv++) {
@@ -285,7 +286,19 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
                                    codecs[kv]};
                     s[kv] = one;
                 }
-                KVSlots c = {s[0], s[1], 16, NULL};
+                for (int half = 0; half < 2; half++) {  /* rows (head, slot) of slots 8 half.. start at row 16 (1 - half) */
+                    int64_t first_row = 16 * (1 - half);
+                    KVPage page = {s[0], s[1]};
+                    KVStore *st[2] = {&page.k, &page.v};
+                    for (int kv = 0; kv < 2; kv++) {
+                        int int4 = codecs[kv] == KV_INT4;
+                        st[kv]->q = (uint8_t *)st[kv]->q + first_row * (int4 ? 32 : 64);
+                        st[kv]->scale += first_row * 64 / (int4 ? 32 : 16);  /* a scale per 32 / 16 values */
+                        st[kv]->min += first_row * 64 / 32;
+                    }
+                    pages[i][half] = page;
+                }
+                KVSlots c = {pages[i], 8, 16, NULL};
                 slots[i] = c;
             }
             layer_t run = gemma ? (lib ? edgellm_gemma3_layer_r : edgellm_gemma3_layer_c)

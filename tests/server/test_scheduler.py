@@ -113,7 +113,7 @@ def test_one_pool_and_budget_serve_every_kv_precision():
     assert f16.pool.used_bytes == 0
 
 
-def test_a_sequence_that_cannot_take_its_cached_prefix_gives_everything_back():
+def test_a_cached_prefix_costs_no_new_blocks_and_a_failed_request_gives_everything_back():
     from edgellm.kv import KVConfig, KVManager, LayerSpec
 
     specs = [LayerSpec(kv_heads=1, head_dim=32, window=None, rotate=None)] * 2
@@ -126,8 +126,11 @@ def test_a_sequence_that_cannot_take_its_cached_prefix_gives_everything_back():
     seq.release()
     cached = kv.pool.used_bytes
     hog = kv.take((kv.pool.available_bytes()) // kv.block_bytes)  # the rest of the budget
+    seq, reused = kv.new_sequence(prompt)  # the cached blocks are shared in place: no room needed
+    assert reused == 32 and kv.pool.used_bytes == cached + len(hog) * kv.block_bytes
     with pytest.raises(OutOfMemoryBudget):
-        kv.new_sequence(prompt)  # reusing needs 8 more blocks: there are none
+        seq.prepare(1)  # the last prompt token needs a block of its own: there is none
+    seq.release()
     assert kv.prefix.evictable_bytes == cached  # no pin left behind
     kv.pool.free(hog)
     assert kv.pool.used_bytes == cached

@@ -5,8 +5,9 @@ A model owns its decoder (`model.decoder`, built by `FusedDecoder.build`) and te
 needs through public parts only (the `NativeModel` protocol below): the name of its C layer
 function and the MLP activation that function applies, its embedding scale, the RoPE tables of
 each layer, and per block its four projections and the vectors (norms, biases) the layer
-struct points to, in the C struct's order. Caches are read through their public `stores`,
-`slot_positions` and `capacity`, and told with `mark_written` what the C layers appended.
+struct points to, in the C struct's order. Caches are read through their public `pages`,
+`page_tokens`, `slot_positions` and `capacity`, and told with `mark_written` what the C layers
+appended; a dense cache's pages are its KV blocks, which sequences with a common prefix share.
 
 It applies in fast mode when everything the C layers assume holds: at most MAX_SEQS rows (one
 new token per decoding sequence, or a few prompt tokens of one sequence: `step_rows`),
@@ -51,8 +52,13 @@ class _KVStore(ctypes.Structure):
     _fields_ = [("q", _p), ("scale", _p), ("min", _p), ("codec", _i64)]
 
 
+class _KVPage(ctypes.Structure):
+    _fields_ = [("k", _KVStore), ("v", _KVStore)]
+
+
 class _KVSlots(ctypes.Structure):
-    _fields_ = [("k", _KVStore), ("v", _KVStore), ("capacity", _i64), ("slot_pos", _p)]
+    _fields_ = [("pages", _p), ("page_tokens", _i64), ("capacity", _i64), ("slot_pos", _p)]
+
 
 
 class _LayerDims(ctypes.Structure):
@@ -129,8 +135,8 @@ class FusedDecoder:
         widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
         self.work = torch.empty(self.lib.edgellm_block_gemv_work(MAX_SEQS, widest), dtype=torch.uint8)
         self.max_len = max_len
-        # per cache: whether the C layers read it, and its KVSlots with the tensors they point into
-        # (rebuilt only when a store grows: rebuilding ~30 per sequence every step cost ~1 ms)
+        # per cache: whether the C layers read it, and its KVSlots (rebuilt only when its pages
+        # change: rebuilding ~30 per sequence every step cost ~1 ms)
         self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @classmethod
@@ -208,9 +214,9 @@ class FusedDecoder:
         return view
 
     def _slots(self, cache) -> _KVSlots:
-        view, held = self._view(cache), _tensors(cache)
-        if len(held) != len(view.held) or any(ref() is not t for ref, t in zip(view.held, held)):
-            view.held, view.slots = tuple(weakref.ref(t) for t in held), _slots(cache)
+        view = self._view(cache)
+        if view.version != cache.version or view.slots is None:
+            view.version, (view.slots, view.pages) = cache.version, _slots(cache)
         return view.slots
 
     def _ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -249,20 +255,17 @@ class _CacheView:
 
     def __init__(self, native: bool):
         self.native = native
-        self.held: tuple = ()  # weak references to the tensors `slots` points into (a grown store has new ones)
+        self.version = -1  # the cache's `version` when `slots` was built
         self.slots: _KVSlots | None = None
+        self.pages = None  # the page table `slots` points to
 
 
-def _tensors(cache) -> tuple:
-    k, v = cache.stores
-    held = (*k.buffers(), *v.buffers(), cache.slot_positions)
-    return tuple(t for t in held if t is not None)
-
-
-def _slots(cache) -> _KVSlots:
-    k, v = cache.stores
+def _slots(cache) -> tuple[_KVSlots, ctypes.Array]:
+    """The cache as layer_types.h's KVSlots, and its page table (keep it alive as long)."""
+    pages = (_KVPage * len(cache.pages))(*(_KVPage(_store(p.k), _store(p.v)) for p in cache.pages))
     ring = cache.slot_positions
-    return _KVSlots(_store(k), _store(v), cache.capacity, None if ring is None else ring.data_ptr())
+    slots = _KVSlots(ctypes.addressof(pages), cache.page_tokens, cache.capacity, None if ring is None else ring.data_ptr())
+    return slots, pages
 
 
 def _codec_code(codec) -> int | None:
@@ -274,10 +277,7 @@ def _codec_code(codec) -> int | None:
 
 
 def _native_cache(cache) -> bool:
-    if type(cache) not in (DenseCache, RingCache):
-        return False
-    k, v = cache.stores
-    return k.batch == 1 and _codec_code(k.codec) is not None and _codec_code(v.codec) is not None
+    return type(cache) in (DenseCache, RingCache) and all(_codec_code(c) is not None for c in cache.codecs)
 
 
 def fused_step(decoder: FusedDecoder | None, tokens: torch.Tensor, caches) -> torch.Tensor | None:

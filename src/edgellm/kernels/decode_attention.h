@@ -1,7 +1,8 @@
 /* Attention for one new token per sequence over its KV cache (the decode layers' attention).
 
    Work is split into (KV head, key chunk) items, so two threads share even a single KV head
-   (Gemma 3) and long contexts: each item reads its keys and values once per three query heads of
+   (Gemma 3) and long contexts (a chunk walks the cache's pages: prefix blocks shared with other
+   sequences lie anywhere in memory): each item reads its keys and values once per three query heads of
    the group (grouped-query attention), decoding each vector from its codec once for all three,
    and leaves per head a partial softmax — its largest score m, the sum l of e^(s - m) and the
    unnormalized output o. The partials are then merged per head, as in flash-decoding:
@@ -19,16 +20,27 @@ static inline int visible(const KVSlots *c, int64_t t, int64_t pos) {
     return p >= 0 && p <= pos && pos - p < (c->slot_pos ? c->capacity : pos + 1);
 }
 
+/* The end of the page run holding slot t, at most t1; and `row0` such that row0 + t is slot t's row
+   of KV head g in that page's stores. */
+static inline int64_t page_end(const KVSlots *c, int64_t t, int64_t t1) {
+    int64_t end = (t / c->page_tokens + 1) * c->page_tokens;
+    return end < t1 ? end : t1;
+}
+
+static inline int64_t page_row0(const KVSlots *c, int64_t g, int64_t t) {
+    return (g - t / c->page_tokens) * c->page_tokens;
+}
+
 #define HEADS_PER_PASS 3  /* query heads a pass keeps accumulators for: 3 x 4 vectors in registers */
 
-/* sc[h][t - t0] = q_h . K[row0 + t] * scale for heads h0 .. h0 + nh (nh <= HEADS_PER_PASS), four keys
-   at a time: each key vector is decoded once for all the heads, and four dot products are summed
-   across lanes together. `codec` is a constant in each instance. */
+/* sc[h * stride + t - t0] = q_h . K[row0 + t] * scale for heads h0 .. h0 + nh (nh <= HEADS_PER_PASS),
+   slots t0..t1 of one page, four keys at a time: each key vector is decoded once for all the heads,
+   and four dot products are summed across lanes together. `codec` is a constant in each instance. */
 ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const float *q, int h0, int nh, int64_t d,
-                               float scale, int64_t t0, int64_t t1, float *sc) {
+                               float scale, int64_t t0, int64_t t1, float *sc, int64_t stride) {
     KVStore store = *k;
     store.codec = codec;
-    int64_t len = t1 - t0, t = t0;
+    int64_t len = stride, t = t0;
     for (; t + 4 <= t1; t += 4) {
         vf acc[HEADS_PER_PASS][4];
         for (int h = 0; h < nh; h++) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = vf_zero();
@@ -54,12 +66,16 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
         }
 }
 
-/* sc[h][t - t0] = q_h . K[row0 + t] * scale for the `group` query heads, -inf where not visible. */
-ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t row0, const float *q, int group, int64_t d,
+/* sc[h][t - t0] = q_h . K_g[t] * scale for the `group` query heads of KV head g, -inf where not visible. */
+ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const float *q, int group, int64_t d,
                                 float scale, int64_t t0, int64_t t1, int64_t pos, float *sc) {
-    for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS)
-        head_scores(&c->k, codec, row0, q, h0, group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS, d, scale,
-                    t0, t1, sc);
+    for (int64_t a = t0, b; a < t1; a = b) {
+        b = page_end(c, a, t1);
+        const KVStore *k = &c->pages[a / c->page_tokens].k;
+        for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS)
+            head_scores(k, codec, page_row0(c, g, a), q, h0, group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS,
+                        d, scale, a, b, sc + a - t0, t1 - t0);
+    }
     for (int64_t t = t0; t < t1; t++)  /* empty ring slots hold zeros or old values: finite, masked here */
         if (!visible(c, t, pos))
             for (int h = 0; h < group; h++) sc[h * (t1 - t0) + t - t0] = -INFINITY;
@@ -67,12 +83,11 @@ ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t row0, const
 
 #define VALUE_TILE 4  /* vectors of output columns a pass keeps in registers per head */
 
-/* o_h = sum_t p_h[t] V[row0 + t] for the group's heads: column tiles outermost, so each head's
-   tile stays in registers over the keys and each value vector is decoded once per pass. */
-ALWAYS_INLINE void chunk_values(const KVSlots *c, int codec, int64_t row0, const float *p, int group, int64_t d,
+/* o_h = sum_t p_h[t] V_g[t] for the group's heads: column tiles outermost, so each head's tile stays
+   in registers over the keys (of every page of the chunk) and each value vector is decoded once
+   per pass. */
+ALWAYS_INLINE void chunk_values(const KVSlots *c, int codec, int64_t g, const float *p, int group, int64_t d,
                                 int64_t t0, int64_t t1, float *o) {
-    KVStore store = c->v;
-    store.codec = codec;
     int64_t len = t1 - t0;
     for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS) {
         int nh = group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS;
@@ -81,15 +96,21 @@ ALWAYS_INLINE void chunk_values(const KVSlots *c, int codec, int64_t row0, const
             vf acc[HEADS_PER_PASS][VALUE_TILE];
             for (int h = 0; h < nh; h++)
                 for (int j = 0; j < tile; j++) acc[h][j] = vf_zero();
-            for (int64_t t = t0; t < t1; t++) {
-                int any = 0;
-                for (int h = 0; h < nh; h++) any |= p[(h0 + h) * len + t - t0] != 0.f;
-                if (!any) continue;
-                vf value[VALUE_TILE];
-                for (int j = 0; j < tile; j++) value[j] = kv_load(&store, row0 + t, d, i0 + j * VL);
-                for (int h = 0; h < nh; h++) {
-                    vf w = vf_set1(p[(h0 + h) * len + t - t0]);
-                    for (int j = 0; j < tile; j++) acc[h][j] = vf_fma(w, value[j], acc[h][j]);
+            for (int64_t a = t0, b; a < t1; a = b) {
+                b = page_end(c, a, t1);
+                KVStore store = c->pages[a / c->page_tokens].v;
+                store.codec = codec;
+                int64_t row0 = page_row0(c, g, a);
+                for (int64_t t = a; t < b; t++) {
+                    int any = 0;
+                    for (int h = 0; h < nh; h++) any |= p[(h0 + h) * len + t - t0] != 0.f;
+                    if (!any) continue;
+                    vf value[VALUE_TILE];
+                    for (int j = 0; j < tile; j++) value[j] = kv_load(&store, row0 + t, d, i0 + j * VL);
+                    for (int h = 0; h < nh; h++) {
+                        vf w = vf_set1(p[(h0 + h) * len + t - t0]);
+                        for (int j = 0; j < tile; j++) acc[h][j] = vf_fma(w, value[j], acc[h][j]);
+                    }
                 }
             }
             for (int h = 0; h < nh; h++)
@@ -153,11 +174,11 @@ static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int
                 for (int h = 0; h < group; h++) m[h] = 0.f, l[h] = 0.f;
                 continue;
             }
-#define SCORES(codec) chunk_scores(c, codec, g * c->capacity, q + g * group * d, group, d, scale, t0, t1, pos, sc)
-            BY_CODEC(c->k.codec, SCORES)
+#define SCORES(codec) chunk_scores(c, codec, g, q + g * group * d, group, d, scale, t0, t1, pos, sc)
+            BY_CODEC(c->pages[0].k.codec, SCORES)
             for (int h = 0; h < group; h++) m[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
-#define VALUES(codec) chunk_values(c, codec, g * c->capacity, sc, group, d, t0, t1, o)
-            BY_CODEC(c->v.codec, VALUES)
+#define VALUES(codec) chunk_values(c, codec, g, sc, group, d, t0, t1, o)
+            BY_CODEC(c->pages[0].v.codec, VALUES)
         }
     for (int64_t h = 0; h < n_heads; h++) {  /* merge each head's chunks */
         int64_t g = h / group, hg = h % group;

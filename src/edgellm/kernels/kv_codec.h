@@ -7,7 +7,7 @@
 #define KV_INT8_GROUP 16
 #define KV_INT4_GROUP 32
 
-/* VL values at columns i.. of row `row` (= head * capacity + slot) of a store of d columns, as fp32. */
+/* VL values at columns i.. of row `row` (= head * page_tokens + slot in the page) of a store of d columns, as fp32. */
 ALWAYS_INLINE vf kv_load(const KVStore *s, int64_t row, int64_t d, int64_t i) {
     switch (s->codec) {
     case KV_F16: return vf_load_f16((const uint16_t *)s->q + row * d + i);
@@ -73,10 +73,11 @@ static inline void kv_encode(const KVStore *s, int64_t row, const float *x, int6
 
 /* Store the new k, v (n_kv heads of d) for position pos; returns the slot count to scan. */
 static inline int64_t kv_write(KVSlots *c, const float *k, const float *v, int64_t n_kv, int64_t d, int64_t pos) {
-    int64_t slot = c->slot_pos ? pos % c->capacity : pos;
+    int64_t slot = c->slot_pos ? pos % c->capacity : pos, row = slot % c->page_tokens;
+    const KVPage *page = &c->pages[slot / c->page_tokens];
     for (int64_t g = 0; g < n_kv; g++) {
-        kv_encode(&c->k, g * c->capacity + slot, k + g * d, d);
-        kv_encode(&c->v, g * c->capacity + slot, v + g * d, d);
+        kv_encode(&page->k, g * c->page_tokens + row, k + g * d, d);
+        kv_encode(&page->v, g * c->page_tokens + row, v + g * d, d);
     }
     if (c->slot_pos) {
         c->slot_pos[slot] = pos;

@@ -35,13 +35,20 @@ typedef struct {
     int64_t codec;
 } KVStore;
 
-/* Where one layer's keys and values live. A dense cache holds positions 0..pos at slots 0..pos
-   (slot_pos = NULL); a ring of `capacity` = window slots holds position p at slot p % capacity,
-   with slot_pos[] naming each slot's position (-1: empty), and a query at p sees positions in
-   (p - window, p]. */
+/* A run of page_tokens token slots of one layer: K and V, each (H, page_tokens, D) in its codec. */
 typedef struct {
     KVStore k, v;
-    int64_t capacity;
+} KVPage;
+
+/* Where one layer's keys and values live: slot t is row head * page_tokens + t % page_tokens of
+   pages[t / page_tokens]. A dense cache holds positions 0..pos at slots 0..pos (slot_pos = NULL)
+   in pages that are the KV blocks of kv/sequence.py, so sequences with a common prefix point at
+   the same pages. A ring (one page) of `capacity` = window slots holds position p at slot
+   p % capacity, with slot_pos[] naming each slot's position (-1: empty), and a query at p sees
+   positions in (p - window, p]. */
+typedef struct {
+    const KVPage *pages;
+    int64_t page_tokens, capacity;
     int64_t *slot_pos;
 } KVSlots;
 

@@ -116,22 +116,28 @@ class _Entry:
 
 @dataclass
 class PrefixIndex:
-    """hash chain -> cached KV block. Blocks in use are pinned; unused ones are evicted
-    least recently used first whenever the index holds more than `budget_bytes`."""
+    """hash chain -> cached KV block. The cache holds a reference to each block in the pool,
+    beside the sequences that computed or reuse it, so a block costs memory once however many
+    hold it. What counts against `budget_bytes` is what only the cache keeps alive: such
+    blocks, unless pinned, are evicted least recently used first."""
 
     pool: BlockPool
     budget_bytes: int
     stats: PrefixStats = field(default_factory=PrefixStats)
     _entries: OrderedDict = field(default_factory=OrderedDict)
 
-    _nbytes: int = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
+    @_locked
     def nbytes(self) -> int:
-        return self._nbytes
+        """Bytes of the blocks only the cache holds (the rest belong to running sequences too)."""
+        return sum(e.nbytes for e in self._entries.values() if self._alone(e))
+
+    def _alone(self, entry: _Entry) -> bool:
+        return self.pool.refcount(entry.block) == 1
 
     @_locked
     def bytes_of(self, hashes: Sequence[str]) -> int:
@@ -142,6 +148,11 @@ class PrefixIndex:
     def lookup(self, hashes: Sequence[str]) -> list[Any]:
         """Payloads of the longest cached run of `hashes` from the start; marks them in use
         (call release with the same hashes when the request ends)."""
+        return [payload for _, payload in self.lookup_blocks(hashes)]
+
+    @_locked
+    def lookup_blocks(self, hashes: Sequence[str]) -> list[tuple[int, Any]]:
+        """lookup, with each payload's block id (to share it: BlockPool.share)."""
         found = []
         for h in hashes:
             entry = self._entries.get(h)
@@ -149,8 +160,20 @@ class PrefixIndex:
                 break
             entry.users += 1
             self._entries.move_to_end(h)
-            found.append(entry.payload)
+            found.append((entry.block, entry.payload))
         return found
+
+    @_locked
+    def shared_bytes(self, hashes: Sequence[str]) -> int:
+        """Bytes of the longest cached run of `hashes` whose blocks others (running sequences)
+        hold besides the cache; marks nothing."""
+        total = 0
+        for h in hashes:
+            entry = self._entries.get(h)
+            if entry is None:
+                break
+            total += 0 if self._alone(entry) else entry.nbytes
+        return total
 
     @_locked
     def release(self, hashes: Sequence[str]) -> None:
@@ -161,49 +184,56 @@ class PrefixIndex:
         self._evict()
 
     @_locked
-    def insert(self, h: str, payload: Any, block_bytes: int | None = None) -> bool:
+    def insert(self, h: str, payload: Any, block_bytes: int | None = None, *, block: int | None = None) -> bool:
         """Cache a block's KV (`block_bytes`, default the pool's block size) under its chain
-        hash; False when it is already there or no room can be made."""
+        hash: the pool block a sequence holds it in (shared from now on), or else a new one.
+        False when it is already there or no room can be made."""
         size = self.pool.block_bytes if block_bytes is None else block_bytes
         if h in self._entries:
             self._entries.move_to_end(h)
             return False
         if size > self.budget_bytes:
             return False
-        self._evict(room_for=size)
-        try:
-            (block,) = self.pool.allocate(1, size)
-        except OutOfMemoryBudget:
-            return False
+        if block is not None:
+            self.pool.share(block)
+        else:
+            self._evict(room_for=size)
+            try:
+                (block,) = self.pool.allocate(1, size)
+            except OutOfMemoryBudget:
+                return False
         self._entries[h] = _Entry(block, size, payload)
-        self._nbytes += size
         return True
 
     @_locked
     def evict(self, nbytes: int) -> int:
         """Free at least `nbytes` of unused cached blocks if there are that many, oldest
         first (a new request needs the room); returns the bytes freed."""
-        before = self._nbytes
-        self._evict(limit=self._nbytes - nbytes)
-        return before - self._nbytes
+        before = self.nbytes
+        self._evict(limit=before - nbytes)
+        return before - self.nbytes
 
     def _evict(self, room_for: int = 0, limit: int | None = None) -> None:
+        """Forget unpinned blocks only the cache holds, oldest first, until those it alone
+        holds fit `limit` (default: the budget less `room_for`)."""
         limit = self.budget_bytes - room_for if limit is None else limit
+        held = self.nbytes
         for h in list(self._entries):  # oldest first
-            if self._nbytes <= limit:
+            if held <= limit:
                 return
-            if self._entries[h].users == 0:
+            entry = self._entries[h]
+            if entry.users == 0 and self._alone(entry):
+                held -= entry.nbytes
                 self._remove(h)
 
     def _remove(self, h: str) -> None:
-        entry = self._entries.pop(h)
-        self._nbytes -= entry.nbytes
-        self.pool.free([entry.block])
+        self.pool.free([self._entries.pop(h).block])
 
     @property
     @_locked
     def evictable_bytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values() if e.users == 0)
+        """Bytes eviction could return to the pool now."""
+        return sum(e.nbytes for e in self._entries.values() if e.users == 0 and self._alone(e))
 
     @_locked
     def drop(self, hashes: Sequence[str]) -> int:

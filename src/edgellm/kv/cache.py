@@ -7,12 +7,12 @@ and never outgrow the context the model was trained for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 
 from edgellm.kv.codecs import Codec
-from edgellm.kv.store import TokenStore
+from edgellm.kv.store import KVPage, TokenStore
 
 # What the queries of one update may see: None = every cached key (a decode step);
 # CAUSAL = the T queries are the last T of the S positions and query i sees keys 0..S-T+i
@@ -45,9 +45,16 @@ class KVCache(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    # Blocks shared through the prefix cache (kv/sequence.py):
+    def block(self, b: int) -> object: ...  # block b's KV for the cache (a dense cache's page itself)
+    def adopt(self, b: int, block: object) -> None: ...  # take a cached block as block b
+    def unshare(self, b: int) -> None: ...  # before writing block b while others hold it
+
     # What native kernels read and write in place (kernels/decode.py):
-    @property
-    def stores(self) -> tuple[TokenStore, TokenStore]: ...  # K and V
+    pages: list[KVPage]  # slot t lives in pages[t // page_tokens]
+    page_tokens: int
+    version: int  # changes whenever `pages` does
+    codecs: tuple[Codec, Codec]  # K's and V's
     @property
     def capacity(self) -> int: ...  # token slots allocated
     @property
@@ -65,75 +72,126 @@ def causal_mask(t: int, s: int, window: int | None = None) -> torch.Tensor:
 
 
 class DenseCache:
-    """All of a sequence's keys and values for one layer, grown block by block."""
+    """All of a sequence's keys and values for one layer, in pages of `block_size` tokens: the
+    KV blocks of kv/sequence.py. Sequences with a common prefix hold the same pages (`block`,
+    `adopt`); a shared page is never written here — SequenceKV `unshare`s it first."""
 
     def __init__(self, k_codec: Codec, v_codec: Codec, kv_heads: int, head_dim: int, *, block_size: int = 32,
-                 rotate: Rotate | None = None, batch: int = 1):
-        self.k = TokenStore(k_codec, batch, kv_heads, head_dim, block_size)
-        self.v = TokenStore(v_codec, batch, kv_heads, head_dim, block_size)
+                 rotate: Rotate | None = None):
+        self.codecs = (k_codec, v_codec)
+        self.kv_heads, self.head_dim, self.page_tokens = kv_heads, head_dim, block_size
+        self.pages: list[KVPage] = []
         self.rotate = rotate
         self.offset = 0
+        self.version = 0  # changes whenever `pages` does (native views of the pages are rebuilt)
 
     def reserve(self, tokens: int) -> None:
-        self.k.ensure(tokens)
-        self.v.ensure(tokens)
+        while self.capacity < tokens:
+            self.pages.append(KVPage.empty(*self.codecs, self.kv_heads, self.head_dim, self.page_tokens))
+            self.version += 1
 
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
         t, end = k.shape[2], self.offset + k.shape[2]
-        for store, x in ((self.k, k), (self.v, v)):
-            store.ensure(end)
-            store.write(self.offset, x)
+        self.reserve(end)
+        for which, x in enumerate((k, v)):
+            self._write(which, self.offset, self.codecs[which].encode(x))
         self.offset = end
-        return self.k.read(0, end), self.v.read(0, end), None if t == 1 else CAUSAL
+        return self._read(0, 0, end), self._read(1, 0, end), None if t == 1 else CAUSAL
 
     def evict(self, start: int, n: int) -> None:
         """Drop tokens start..start+n-1; later ones move down and are rotated back n positions."""
         n = min(n, self.offset - start)
         tail = self.offset - start - n
         if tail:
-            moved = self.k.read(start + n, start + n + tail)
+            moved = self._read(0, start + n, start + n + tail)
             if self.rotate is not None:
                 moved = self.rotate(moved, -n)
-            self.k.write(start, moved)
-            self.v.move(start + n, start, tail)
-        self.offset -= n
-        self.k.shrink_to(self.offset)
-        self.v.shrink_to(self.offset)
+            self._write(0, start, self.codecs[0].encode(moved))
+            self._write(1, start, self._read_parts(1, start + n, start + n + tail))
+        self._shrink(self.offset - n)
 
     def trim(self, n: int) -> int:
         """Forget the newest n tokens (rejected speculation, a retried turn); returns how many."""
         n = min(n, self.offset)
-        self.offset -= n
-        self.k.shrink_to(self.offset)
-        self.v.shrink_to(self.offset)
+        self._shrink(self.offset - n)
         return n
 
+    def _shrink(self, tokens: int) -> None:
+        """Hold `tokens` tokens; whole pages beyond them go."""
+        self.offset = tokens
+        keep = -(-tokens // self.page_tokens)
+        if keep < len(self.pages):
+            del self.pages[keep:]
+            self.version += 1
+
     def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
-        """Encoded K and V of positions start..end-1."""
-        return _prefixed(self.k.read_parts(start, end), self.v.read_parts(start, end))
+        """Encoded K and V of positions start..end-1 (a copy)."""
+        return _prefixed(self._read_parts(0, start, end), self._read_parts(1, start, end))
 
     def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
-        """Write exported positions back at `start` (the next position): prefix reuse."""
+        """Write exported positions back at `start` (the next position)."""
         k_parts, v_parts = _split(parts)
         end = start + next(iter(k_parts.values())).shape[2]
-        for store, p in ((self.k, k_parts), (self.v, v_parts)):
-            store.ensure(end)
-            store.write_parts(start, p)
+        self.reserve(end)
+        self._write(0, start, k_parts)
+        self._write(1, start, v_parts)
         self.offset = end
+
+    # -- pages shared between sequences (the prefix cache) --------------------------------
+
+    def block(self, b: int) -> KVPage:
+        """Block b's page itself, for the prefix cache to hand to later sequences."""
+        return self.pages[b]
+
+    def adopt(self, b: int, page: KVPage) -> None:
+        """Hold a cached block's page as block b (the next one), shared."""
+        assert b == len(self.pages) == self.offset // self.page_tokens, "blocks are adopted in order"
+        self.pages.append(page)
+        self.offset += self.page_tokens
+        self.version += 1
+
+    def unshare(self, b: int) -> None:
+        """Give block b a page of its own (copy on write)."""
+        self.pages[b] = self.pages[b].copy()
+        self.version += 1
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(page.nbytes for page in self.pages)
+
+    # -- spans of token slots over the pages ----------------------------------------------
+
+    def _spans(self, start: int, end: int) -> Iterator[tuple[KVPage, int, int, int]]:
+        """(page, first slot in it, last + 1, offset of the first slot from `start`) covering start..end-1."""
+        size, at = self.page_tokens, start
+        while at < end:
+            page, lo = divmod(at, size)
+            hi = min(size, lo + end - at)
+            yield self.pages[page], lo, hi, at - start
+            at += hi - lo
+
+    def _store(self, page: KVPage, which: int) -> TokenStore:
+        return page.k if which == 0 else page.v
+
+    def _write(self, which: int, start: int, parts: dict[str, torch.Tensor]) -> None:
+        n = next(iter(parts.values())).shape[2]
+        for page, lo, hi, at in self._spans(start, start + n):
+            self._store(page, which).write_parts(lo, {name: p[:, :, at:at + hi - lo] for name, p in parts.items()})
+
+    def _read_parts(self, which: int, start: int, end: int) -> dict[str, torch.Tensor]:
+        spans = list(self._spans(start, end))
+        names = self.codecs[which].part_shapes(self.head_dim)
+        return {name: torch.cat([self._store(page, which).parts[name][:, :, lo:hi] for page, lo, hi, _ in spans], dim=2)
+                for name in names}
+
+    def _read(self, which: int, start: int, end: int) -> torch.Tensor:
+        return self.codecs[which].decode(self._read_parts(which, start, end))
 
     # -- for native kernels that read and append in place --------------------------------
 
     @property
-    def stores(self) -> tuple[TokenStore, TokenStore]:
-        return self.k, self.v
-
-    @property
     def capacity(self) -> int:
-        return self.k.capacity
+        return len(self.pages) * self.page_tokens
 
     @property
     def slot_positions(self) -> torch.Tensor | None:
@@ -144,7 +202,6 @@ class DenseCache:
         self.offset += n
 
 
-
 class RingCache:
     """A sliding-window layer's cache: `window` slots reused in a ring.
 
@@ -152,10 +209,13 @@ class RingCache:
     slots whose positions lie in (p - window, p]."""
 
     def __init__(self, k_codec: Codec, v_codec: Codec, kv_heads: int, head_dim: int, *, window: int,
-                 rotate: Rotate | None = None, batch: int = 1):
-        self.window = window
-        self.k = TokenStore(k_codec, batch, kv_heads, head_dim, window, fixed_capacity=window)
-        self.v = TokenStore(v_codec, batch, kv_heads, head_dim, window, fixed_capacity=window)
+                 block_size: int = 32, rotate: Rotate | None = None):
+        self.window, self.block_size = window, block_size
+        # Zeroed: empty slots are read (then masked), and 0 · NaN garbage would be NaN.
+        self.k = TokenStore(k_codec, kv_heads, head_dim, window, zeroed=True)
+        self.v = TokenStore(v_codec, kv_heads, head_dim, window, zeroed=True)
+        self.codecs = (k_codec, v_codec)
+        self._page = KVPage(self.k, self.v)
         self.positions = torch.full((window,), -1, dtype=torch.long)  # -1: empty slot
         self.rotate = rotate
         self.offset = 0
@@ -252,11 +312,28 @@ class RingCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.positions.numel() * 8
 
-    # -- for native kernels that read and append in place --------------------------------
+    # -- the prefix cache: a ring's blocks are copies -------------------------------------
+
+    def block(self, b: int) -> dict[str, torch.Tensor]:
+        return self.export(b * self.block_size, (b + 1) * self.block_size)
+
+    def adopt(self, b: int, block: dict[str, torch.Tensor]) -> None:
+        self.import_(b * self.block_size, block)
+
+    def unshare(self, b: int) -> None:
+        """Nothing to do: a ring shares no slots."""
+
+    # -- for native kernels that read and append in place: one page of `window` slots -----
 
     @property
-    def stores(self) -> tuple[TokenStore, TokenStore]:
-        return self.k, self.v
+    def pages(self) -> list[KVPage]:
+        return [self._page]
+
+    @property
+    def page_tokens(self) -> int:
+        return self.window
+
+    version = 0  # the one page never changes
 
     @property
     def capacity(self) -> int:
@@ -269,8 +346,6 @@ class RingCache:
 
     def mark_written(self, n: int) -> None:
         self.offset += n
-
-
 
 
 def _prefixed(k_parts: dict[str, torch.Tensor], v_parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

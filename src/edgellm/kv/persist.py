@@ -34,7 +34,7 @@ def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path) -> 
     payloads = manager.prefix.lookup(hashes)
     try:
         tensors = {f"{b}.{layer}.{name}": t.contiguous() for b, payload in enumerate(payloads)
-                   for layer, parts in enumerate(payload) for name, t in parts.items()}
+                   for layer, parts in enumerate(manager.exported(payload)) for name, t in parts.items()}
         meta = _identity(manager) | {"tokens": json.dumps(list(tokens[:len(payloads) * manager.config.block_size])),
                                      "blocks": str(len(payloads))}
         with atomic_path(path) as tmp:

@@ -11,6 +11,7 @@ from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes
 from edgellm.kv.cache import DenseCache, KVCache, RingCache, Rotate
 from edgellm.kv.codecs import bytes_per_head_token, codec
+from edgellm.kv.store import KVPage
 
 
 @dataclass(frozen=True)
@@ -122,26 +123,58 @@ class SequenceKV:
         return sum(layer.nbytes for layer in self.layers)
 
     def prepare(self, n_new: int) -> None:
-        """Make room for n_new tokens: slide the window if needed, then take blocks."""
+        """Make room for n_new tokens: slide the window if needed, then take blocks (and copy
+        the block they start in if it is shared: after a trim)."""
         if self.offset + n_new > self.limit:
             if self.offset + n_new - self.limit > self.limit - self.config.sinks - self.config.block_size:
                 raise InvalidRequest(f"{n_new} new tokens do not fit a window of {self.limit}")
             self._slide(self.offset + n_new - self.limit)
-        needed = self._growing_blocks(self.offset + n_new) - (len(self.blocks) - self.manager.fixed_blocks)
+        self._unshare(self.offset // self.config.block_size, self.offset + n_new)
+        needed = self._growing_blocks(self.offset + n_new) - self._held_blocks
         self.blocks += self.manager.take(needed)
         for layer in self.layers:
             layer.reserve(self.offset + n_new)
 
+    def trim(self, n: int) -> int:
+        """Forget the newest n tokens (rejected speculation, a retried turn); returns how many.
+        Shared blocks stay untouched: the next write into one copies it first."""
+        n = min(n, self.offset)
+        for layer in self.layers:
+            layer.trim(n)
+        del self.token_ids[len(self.token_ids) - n:]
+        self._free_surplus()
+        return n
+
     def _growing_blocks(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
+
+    @property
+    def _held_blocks(self) -> int:
+        return len(self.blocks) - self.manager.fixed_blocks
+
+    def _unshare(self, first: int, end: int) -> None:
+        """Copy on write: the held blocks from `first` up to token `end` that others (the prefix
+        cache, other sequences) also hold get pages of their own before anything writes them."""
+        pool, fixed = self.manager.pool, self.manager.fixed_blocks
+        for b in range(first, min(self._held_blocks, self._growing_blocks(end))):
+            if pool.refcount(self.blocks[fixed + b]) > 1:
+                (own,) = self.manager.take(1)
+                pool.free([self.blocks[fixed + b]])
+                self.blocks[fixed + b] = own
+                for layer in self.layers:
+                    layer.unshare(b)
 
     def _slide(self, overflow: int) -> None:
         # Evict whole blocks right after the sinks, so memory really shrinks.
         n = -(-overflow // self.config.block_size) * self.config.block_size
+        self._unshare(self.config.sinks // self.config.block_size, self.offset)  # every later token moves
         for layer in self.layers:
             layer.evict(self.config.sinks, n)
         self.evicted += n
-        surplus = len(self.blocks) - self.manager.fixed_blocks - self._growing_blocks(self.offset)
+        self._free_surplus()
+
+    def _free_surplus(self) -> None:
+        surplus = self._held_blocks - self._growing_blocks(self.offset)
         if surplus > 0:
             self.manager.pool.free(self.blocks[-surplus:])
             del self.blocks[-surplus:]
@@ -242,6 +275,12 @@ class KVManager:
         held = tokens if self.config.max_tokens is None else min(tokens, self.config.max_tokens + self.config.block_size)
         return (-(-held // self.config.block_size) + self.fixed_blocks) * self.block_bytes
 
+    def shared_bytes(self, prompt: Sequence[int]) -> int:
+        """Bytes of the prompt's cached prefix blocks that running sequences hold: a new
+        sequence shares them, needing no room for them (blocks only the cache holds count as
+        free already: evictable)."""
+        return self.prefix.shared_bytes(self.hashes(prompt[:len(prompt) - 1])) if self.prefix and prompt else 0
+
     def free_bytes(self) -> int | None:
         """Bytes a new sequence can have: the budget left plus cached prefixes nobody uses
         (evicted on demand). None: no budget."""
@@ -270,7 +309,8 @@ class KVManager:
     def make_layer(self, spec: LayerSpec) -> KVCache:
         k, v = codec(self.config.k_precision), codec(self.config.v_precision)
         if spec.window is not None:
-            return RingCache(k, v, spec.kv_heads, spec.head_dim, window=spec.window, rotate=spec.rotate)
+            return RingCache(k, v, spec.kv_heads, spec.head_dim, window=spec.window,
+                             block_size=self.config.block_size, rotate=spec.rotate)
         return DenseCache(k, v, spec.kv_heads, spec.head_dim, block_size=self.config.block_size, rotate=spec.rotate)
 
     def new_sequence(self, prompt: Sequence[int] = ()) -> tuple[SequenceKV, int]:
@@ -285,32 +325,46 @@ class KVManager:
         return seq, reused
 
     def _reuse_prefix(self, seq: SequenceKV, prompt: Sequence[int]) -> int:
-        size = self.config.block_size
+        """Hold the cached blocks of the prompt's longest cached prefix: the same blocks (and
+        pages) as the cache and every other sequence reusing them, not copies."""
         hashes = self.hashes(prompt[:len(prompt) - 1])  # keep >= 1 token to compute
-        payloads = self.prefix.lookup(hashes)
-        seq._prefix_hashes = hashes[:len(payloads)]
-        reused = len(payloads) * size
+        found = self.prefix.lookup_blocks(hashes)
+        seq._prefix_hashes = hashes[:len(found)]
+        reused = len(found) * self.config.block_size
         self.prefix.stats.hit_tokens += reused
         self.prefix.stats.miss_tokens += len(prompt) - reused
-        if payloads:
-            seq.prepare(reused)
-            for i, layer in enumerate(seq.layers):
-                for b, payload in enumerate(payloads):
-                    layer.import_(b * size, payload[i])
-            seq.token_ids = list(prompt[:reused])
+        for b, (block, payload) in enumerate(found):
+            self.pool.share(block)
+            seq.blocks.append(block)
+            for layer, part in zip(seq.layers, payload):
+                layer.adopt(b, part)
+        seq.token_ids = list(prompt[:reused])
         return reused
 
     def remember_blocks(self, seq: SequenceKV, start: int) -> None:
+        """Offer the blocks completed since token `start` to the prefix cache, which then
+        holds them too (they are shared, not copied)."""
         if self.prefix is None:
             return
-        size = self.config.block_size
-        first = start // size  # blocks completed by the tokens just added
+        first = start // self.config.block_size
         for b, h in enumerate(self.hashes(seq.token_ids)[first:], start=first):
-            self.prefix.insert(h, [layer.export(b * size, (b + 1) * size) for layer in seq.layers], self.block_bytes)
+            payload = [layer.block(b) for layer in seq.layers]
+            self.prefix.insert(h, payload, self.block_bytes, block=seq.blocks[self.fixed_blocks + b])
 
-    def remember(self, h: str, payload: list) -> bool:
-        """Cache one block's KV under its chain hash (the disk tier loads blocks this way)."""
-        return self.prefix is not None and self.prefix.insert(h, payload, self.block_bytes)
+    def remember(self, h: str, exported: list[dict[str, torch.Tensor]]) -> bool:
+        """Cache one block's KV, as exported per layer (the disk tier's form), under its
+        chain hash."""
+        if self.prefix is None:
+            return False
+        k, v = codec(self.config.k_precision), codec(self.config.v_precision)
+        payload = [parts if spec.window is not None else KVPage.from_export(k, v, spec.kv_heads, spec.head_dim, parts)
+                   for spec, parts in zip(self.specs, exported)]
+        return self.prefix.insert(h, payload, self.block_bytes)
+
+    @staticmethod
+    def exported(payload: list) -> list[dict[str, torch.Tensor]]:
+        """A cached block's KV per layer in the disk tier's form (remember's argument)."""
+        return [part.export() if isinstance(part, KVPage) else part for part in payload]
 
     def pin(self, tokens: Sequence[int]) -> list[str]:
         """Keep the cached blocks of `tokens` from eviction (a session between turns);

@@ -1,5 +1,7 @@
-"""Token-indexed storage for one of K or V in one layer: encoded parts that grow in whole
-blocks of tokens as the sequence grows, so memory follows the tokens actually held."""
+"""Token-indexed storage for one of K or V in one layer (`TokenStore`: encoded parts of a fixed
+number of token slots), and `KVPage`, the K and V of one block of tokens: dense caches grow page
+by page, so memory follows the tokens actually held, and sequences with a common prefix hold the
+same pages."""
 from __future__ import annotations
 
 import torch
@@ -8,44 +10,22 @@ from edgellm.kv.codecs import Codec
 
 
 class TokenStore:
-    """Encoded (B, H, tokens, ...) buffers; capacity grows block by block (or is fixed)."""
+    """Encoded (1, H, capacity, ...) buffers of a fixed number of token slots."""
 
-    def __init__(self, codec: Codec, batch: int, heads: int, head_dim: int, block_size: int,
-                 fixed_capacity: int | None = None):
-        self.codec, self.block_size, self.fixed = codec, block_size, fixed_capacity
-        self.shapes = codec.part_shapes(head_dim)
-        self.batch, self.heads, self.head_dim = batch, heads, head_dim
+    def __init__(self, codec: Codec, heads: int, head_dim: int, capacity: int, *, zeroed: bool = False):
+        self.codec, self.heads, self.head_dim = codec, heads, head_dim
+        make = torch.zeros if zeroed else torch.empty
         self.parts: dict[str, torch.Tensor] = {
-            name: torch.empty(batch, heads, 0, size, dtype=dtype) for name, (size, dtype) in self.shapes.items()}
-        if fixed_capacity is not None:
-            # Zeroed: empty ring slots are read (then masked), and 0 · NaN garbage would be NaN.
-            self._resize(fixed_capacity)
-            for part in self.parts.values():
-                part.zero_()
+            name: make(1, heads, capacity, size, dtype=dtype) for name, (size, dtype) in codec.part_shapes(head_dim).items()}
 
     @property
     def capacity(self) -> int:
         return next(iter(self.parts.values())).shape[2]
 
-    def ensure(self, tokens: int) -> None:
-        """Grow to hold `tokens`, rounded up to whole blocks."""
-        if tokens > self.capacity:
-            if self.fixed is not None:
-                raise ValueError(f"store of fixed capacity {self.fixed} cannot hold {tokens} tokens")
-            self._resize(-(-tokens // self.block_size) * self.block_size)
-
-    def shrink_to(self, tokens: int) -> None:
-        """Return whole blocks beyond `tokens` (after trimming or eviction)."""
-        blocks = -(-tokens // self.block_size) * self.block_size
-        if self.fixed is None and blocks < self.capacity:
-            self._resize(blocks, keep=tokens)
-
-    def _resize(self, capacity: int, keep: int | None = None) -> None:
-        keep = min(self.capacity, capacity) if keep is None else keep
-        for name, old in self.parts.items():
-            new = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
-            new[:, :, :keep] = old[:, :, :keep]
-            self.parts[name] = new
+    def copy(self) -> TokenStore:
+        twin = TokenStore(self.codec, self.heads, self.head_dim, 0)
+        twin.parts = {name: part.clone() for name, part in self.parts.items()}
+        return twin
 
     def write(self, start: int, x: torch.Tensor) -> None:
         """Store x (B, H, T, D) at token slots start..start+T-1."""
@@ -64,11 +44,6 @@ class TokenStore:
         for name, value in parts.items():
             self.parts[name][:, :, start:start + value.shape[2]] = value
 
-    def move(self, src: int, dst: int, n: int) -> None:
-        """Copy n token slots from src to dst (overlap-safe)."""
-        for part in self.parts.values():
-            part[:, :, dst:dst + n] = part[:, :, src:src + n].clone()
-
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The encoded buffers a native kernel reads and writes: values (float, or integer
         codes), and the per-group scale and minimum of the integer codecs (None for floats)."""
@@ -78,3 +53,35 @@ class TokenStore:
     @property
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.parts.values())
+
+
+class KVPage:
+    """K and V of one block of `tokens` token slots in one layer. A page held by several
+    sequences (a shared prefix) is never written: kv/sequence.py copies it first."""
+
+    def __init__(self, k: TokenStore, v: TokenStore):
+        self.k, self.v = k, v
+
+    @classmethod
+    def empty(cls, k_codec: Codec, v_codec: Codec, heads: int, head_dim: int, tokens: int) -> KVPage:
+        return cls(TokenStore(k_codec, heads, head_dim, tokens), TokenStore(v_codec, heads, head_dim, tokens))
+
+    def copy(self) -> KVPage:
+        return KVPage(self.k.copy(), self.v.copy())
+
+    def export(self) -> dict[str, torch.Tensor]:
+        """The page's encoded K and V as "k.<part>", "v.<part>" tensors (the disk tier's form)."""
+        return {f"k.{n}": t for n, t in self.k.parts.items()} | {f"v.{n}": t for n, t in self.v.parts.items()}
+
+    @classmethod
+    def from_export(cls, k_codec: Codec, v_codec: Codec, heads: int, head_dim: int,
+                    parts: dict[str, torch.Tensor]) -> KVPage:
+        tokens = next(iter(parts.values())).shape[2]
+        page = cls.empty(k_codec, v_codec, heads, head_dim, tokens)
+        page.k.write_parts(0, {n[2:]: t for n, t in parts.items() if n.startswith("k.")})
+        page.v.write_parts(0, {n[2:]: t for n, t in parts.items() if n.startswith("v.")})
+        return page
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
