@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edgellm.errors import InvalidRequest
 from edgellm.formats.gguf import GGUFFile
-from edgellm.kv.sequence import KVConfig, fixed_kv_bytes, kv_bytes_per_token
+from edgellm.kv.config import KVConfig, fixed_kv_bytes, kv_bytes_per_token
 from edgellm.models import layer_specs
 from edgellm.quant.ggml import AFFINE_BITS, INT4_TYPES
 

@@ -39,7 +39,7 @@ def _kv_config(args: argparse.Namespace):
     from dataclasses import replace
 
     from edgellm.kv import KVConfig
-    from edgellm.kv.sequence import split_precision
+    from edgellm.kv.config import split_precision
 
     prefix = getattr(args, "prefix_cache", None)
     if args.kv_precision is None and args.kv_window is None and prefix is None:

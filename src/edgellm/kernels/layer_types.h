@@ -42,7 +42,7 @@ typedef struct {
 
 /* Where one layer's keys and values live: slot t is row head * page_tokens + t % page_tokens of
    pages[t / page_tokens]. A dense cache holds positions 0..pos at slots 0..pos (slot_pos = NULL)
-   in pages that are the KV blocks of kv/sequence.py, so sequences with a common prefix point at
+   in pages that are the KV blocks of kv/sequence.py (SequenceKV), so sequences with a common prefix point at
    the same pages. A ring (one page) of `capacity` = window slots holds position p at slot
    p % capacity, with slot_pos[] naming each slot's position (-1: empty), and a query at p sees
    positions in (p - window, p]. */

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from edgellm.atomic import atomic_path
 from edgellm.errors import KVStateMismatch
-from edgellm.kv.sequence import KVManager
+from edgellm.kv.manager import KVManager
 
 FORMAT = "edgellm-kv-prefix/1"
 

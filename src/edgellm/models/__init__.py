@@ -29,7 +29,7 @@ def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache
 
 def layer_specs(metadata) -> list:
     """Per-layer KV shapes straight from metadata (no weights), for memory planning."""
-    from edgellm.kv.sequence import LayerSpec
+    from edgellm.kv.config import LayerSpec
 
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from edgellm.kernels.decode import FusedDecoder, fused_step
-from edgellm.kv.sequence import LayerSpec
+from edgellm.kv.config import LayerSpec
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rope
 from edgellm.models.weights import Weights
 
