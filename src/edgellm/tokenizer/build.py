@@ -5,8 +5,8 @@ types, and either BPE merges (byte-level "gpt2" vocabularies) or per-token score
 (SentencePiece "llama" vocabularies). We rebuild the same tokenizer transformers builds from
 the same file, so token ids agree with the Hugging Face reference:
 
-* gpt2: byte-level BPE with the GPT-2 split regex, the file's merges as given. This is the
-  backend edgellm encodes with; the build is cached on disk.
+* gpt2: byte-level BPE split as the file's `tokenizer.ggml.pre` names (pretokenize.py), the
+  file's merges as given. This is the backend edgellm encodes with; the build is cached on disk.
 * llama: SentencePiece-style BPE with byte fallback and no prefix space (Gemma's kind; files
   that ask for a prefix space are refused for now). The file has no merges, so they are
   derived from the vocabulary (every split of a token into two vocabulary pieces), ranked by
@@ -18,25 +18,22 @@ text in the input maps to the single token, as llama.cpp does.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
-from tokenizers import AddedToken, decoders, normalizers, pre_tokenizers
+from tokenizers import AddedToken, decoders, normalizers
 from tokenizers import Tokenizer as Backend
 from tokenizers.models import BPE
 
 from edgellm.atomic import atomic_path
 from edgellm.errors import TokenizerError
 from edgellm.registry import cache_dir
+from edgellm.tokenizer.pretokenize import pre_tokenizer
 from edgellm.tokenizer.vocab import TokenType, Vocab
 
 SPIECE_SPACE = "\u2581"
-
-# Byte-level pre-tokenizer names whose split is GPT-2's regex, or one it agrees with on these
-# vocabularies: llama.cpp's "smollm" splits digits one by one, but SmolLM2's merges contain no
-# digit pairs and no space+digit pairs, so GPT-2's grouping tokenizes digits identically.
-_GPT2_SPLIT_PRES = frozenset({"default", "gpt2", "smollm"})
 
 # Architectures whose SentencePiece scores do not follow the merge order; their token order does.
 _POSITION_RANKED_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
@@ -71,13 +68,11 @@ def _byte_level_spelling(token: str) -> str:
 
 
 def _build_byte_level(vocab: Vocab) -> Backend:
-    if vocab.pre not in _GPT2_SPLIT_PRES:
-        raise TokenizerError(
-            f"unsupported byte-level pre-tokenizer {vocab.pre!r} (supported: {sorted(_GPT2_SPLIT_PRES)})")
+    split = pre_tokenizer(vocab.pre)
     spelled = {_byte_level_spelling(t): i for i, t in enumerate(vocab.tokens)}
     merges = [_split_merge(m) for m in vocab.merges or ()]
-    backend = Backend(BPE(vocab=spelled, merges=merges, fuse_unk=False))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend = Backend(BPE(vocab=spelled, merges=merges, fuse_unk=False, ignore_merges=split.ignore_merges))
+    backend.pre_tokenizer = split.build()
     backend.decoder = decoders.ByteLevel()
     # A CONTROL token outside the byte alphabet is a mislabelled ordinary token in these files.
     _add_added_tokens(backend, vocab, spelled, special_ok=_in_byte_alphabet)
@@ -137,10 +132,6 @@ def check_sentencepiece(vocab: Vocab) -> None:
     """Refuse SentencePiece vocabularies neither builder reproduces."""
     if vocab.pre != "default":
         raise TokenizerError(f"unsupported SentencePiece pre-tokenizer {vocab.pre!r}")
-    if vocab.add_space_prefix:
-        # Llama-2-style vocabularies also need a prefix space on encode and its removal on
-        # decode; unverified against a reference model, so refused rather than guessed.
-        raise TokenizerError("SentencePiece vocabularies with add_space_prefix are not supported yet")
 
 
 def build_sentencepiece_hf(vocab: Vocab) -> Backend:
@@ -151,10 +142,16 @@ def build_sentencepiece_hf(vocab: Vocab) -> Backend:
     merges = _derive_merges(_merge_order(vocab, spelled), spelled)
     unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
     backend = Backend(BPE(vocab=spelled, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-    # No pre-tokenizer: SentencePiece sees the whole text, spaces included, as one sequence.
-    backend.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
-    backend.decoder = decoders.Sequence(
-        [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    # No pre-tokenizer: SentencePiece sees the whole text, spaces included, as one sequence
+    # (after a '▁' in front, where the file asks for a prefix space, removed again on decode).
+    replace = normalizers.Replace(" ", SPIECE_SPACE)
+    steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if vocab.add_space_prefix:
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPIECE_SPACE), replace])
+        steps.append(decoders.Strip(" ", 1, 0))
+    else:
+        backend.normalizer = replace
+    backend.decoder = decoders.Sequence(steps)
     _add_added_tokens(backend, vocab, spelled, special_ok=lambda _t: True)
     return backend
 
@@ -189,7 +186,10 @@ def _build(vocab: Vocab) -> Backend:
 
 
 def _cache_path(vocab: Vocab) -> Path:
-    return cache_dir() / "tokenizers" / f"{vocab.cache_key()}.json"
+    key = vocab.cache_key()
+    if vocab.model == "gpt2":  # the split is edgellm's table, not the file's: it keys the build too
+        key += hashlib.sha256(repr(pre_tokenizer(vocab.pre)).encode()).hexdigest()[:8]
+    return cache_dir() / "tokenizers" / f"{key}.json"
 
 
 class HFBackend:

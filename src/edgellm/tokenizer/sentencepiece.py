@@ -10,7 +10,8 @@ The result is the one Hugging Face builds from the same file (tests compare both
 transformers):
 1. Added tokens (CONTROL and USER_DEFINED ones) are cut out of the raw text first, leftmost
    match first and the longest at a position.
-2. In the rest, spaces become '▁'; every character is a piece, or its UTF-8 bytes as <0xXX>
+2. In the rest (after a space in front where the file asks for a prefix space: Llama 2, Phi-3),
+   spaces become '▁'; every character is a piece, or its UTF-8 bytes as <0xXX>
    pieces when it is not a token (byte fallback).
 3. Repeatedly merge the adjacent pair whose concatenation ranks best: lower merge rank of the
    result, then the longer left half (the order transformers lists derived merges in), then
@@ -56,9 +57,11 @@ class SentencePieceBPE:
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
         lookup = _Memo(self._index.get)  # pieces repeat; an index lookup costs ~1 µs
+        # Llama 2 / Phi-3 style vocabularies read a space before the text and after each added token
+        prefix = " " if self._vocab.add_space_prefix else ""
         for plain, added_id in self._added.split(text):
             if plain:
-                ids += self._merge(self._pieces(plain.replace(" ", SPIECE_SPACE), lookup), lookup)
+                ids += self._merge(self._pieces((prefix + plain).replace(" ", SPIECE_SPACE), lookup), lookup)
             if added_id is not None:
                 ids.append(added_id)
         return ids
@@ -81,7 +84,8 @@ class SentencePieceBPE:
             out.append(piece)
         if run:
             out.append(_utf8_or_replacement(run))
-        return "".join(out)
+        text = "".join(out)
+        return text[1:] if self._vocab.add_space_prefix and text.startswith(" ") else text  # the prefix space
 
     def to_hf_json(self) -> str:
         """The same tokenizer as a Hugging Face tokenizer.json (for exported models)."""

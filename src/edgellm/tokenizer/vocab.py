@@ -14,7 +14,7 @@ from edgellm.errors import TokenizerError
 from edgellm.formats.strings import StringArray
 
 # Bump whenever the way a tokenizer is built changes, so stale cached builds are ignored.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 class TokenType(IntEnum):
     """llama.cpp's tokenizer.ggml.token_type values."""

@@ -1,0 +1,66 @@
+"""llama.cpp's own fixtures, without a model download: the llama-cpp-python 0.3.36 source
+distribution (MIT) carries vocab-only GGUFs of real tokenizers with test strings and the ids
+they must give (`models/ggml-vocab-*.gguf` + `.inp` / `.out`) and ~70 real chat templates
+(`models/templates/*.jinja`). Fetched with pip once, unpacked into edgellm's cache; nothing of
+it is copied into the repository."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from edgellm.atomic import atomic_path
+from edgellm.registry import cache_dir
+
+SDIST = "llama-cpp-python==0.3.36"
+_MODELS = "vendor/llama.cpp/models/"
+
+
+def models_dir() -> Path:
+    """The unpacked `models/` folder (vocab GGUFs, their test vectors, templates/)."""
+    root = cache_dir() / "fixtures" / "llama-cpp-python-0.3.36"
+    if not (root / "complete").exists():
+        _unpack(_sdist(), root)
+    return root / "models"
+
+
+def _sdist() -> Path:
+    local = os.environ.get("EDGELLM_LLAMA_SDIST")  # a copy already on disk (offline machines)
+    if local:
+        return Path(local)
+    out = Path(tempfile.mkdtemp(prefix="edgellm-sdist-"))
+    run = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                          SDIST, "-d", str(out)], capture_output=True, text=True, timeout=600)
+    found = list(out.glob("*.tar.gz"))
+    if run.returncode != 0 or not found:
+        why = f"cannot fetch {SDIST} with pip: {run.stderr.strip().splitlines()[-1:] or run.returncode}"
+        if os.environ.get("CI"):  # CI has the package index: a missing fixture is a failure there
+            pytest.fail(why)
+        pytest.skip(why)
+    return found[0]
+
+
+def _unpack(sdist: Path, root: Path) -> None:
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            _, _, inner = member.name.partition("/")
+            if member.isfile() and inner.startswith(_MODELS) and (
+                    "ggml-vocab-" in inner or inner.startswith(_MODELS + "templates/")):
+                target = root / "models" / inner[len(_MODELS):]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(target) as tmp:
+                    tmp.write_bytes(tar.extractfile(member).read())
+    (root / "complete").touch()
+
+
+def vocab_cases(name: str) -> list[tuple[str, list[int]]]:
+    """(text, expected ids) pairs of one vocab fixture, as llama.cpp's test-tokenizer-0 reads them."""
+    base = models_dir() / f"ggml-vocab-{name}.gguf"
+    texts = base.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    ids = base.with_suffix(".gguf.out").read_text(encoding="utf-8").split("\n")
+    return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, ids)]
