@@ -62,29 +62,32 @@ def _sentencepiece_metadata(writer) -> None:
     writer.add_add_space_prefix(False)
 
 
-def random_weights(arch: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    """HF-named float32 tensors for a tiny model of `arch` (llama, qwen2, gemma3)."""
+def random_weights(arch: str, seed: int = 0, head_dim: int = HEAD_DIM) -> dict[str, torch.Tensor]:
+    """HF-named float32 tensors for a tiny model of `arch` (llama, qwen2, qwen3, gemma3)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape, s=0.08: torch.randn(*shape, generator=g) * s  # noqa: E731
     w = {"model.embed_tokens.weight": r(VOCAB, HIDDEN, s=0.5), "model.norm.weight": 1 + r(HIDDEN, s=0.1)}
     for i in range(LAYERS):
         p = f"model.layers.{i}"
-        w |= {f"{p}.self_attn.q_proj.weight": r(HEADS * HEAD_DIM, HIDDEN),
-              f"{p}.self_attn.k_proj.weight": r(KV_HEADS * HEAD_DIM, HIDDEN),
-              f"{p}.self_attn.v_proj.weight": r(KV_HEADS * HEAD_DIM, HIDDEN),
-              f"{p}.self_attn.o_proj.weight": r(HIDDEN, HEADS * HEAD_DIM),
+        w |= {f"{p}.self_attn.q_proj.weight": r(HEADS * head_dim, HIDDEN),
+              f"{p}.self_attn.k_proj.weight": r(KV_HEADS * head_dim, HIDDEN),
+              f"{p}.self_attn.v_proj.weight": r(KV_HEADS * head_dim, HIDDEN),
+              f"{p}.self_attn.o_proj.weight": r(HIDDEN, HEADS * head_dim),
               f"{p}.mlp.gate_proj.weight": r(FFN, HIDDEN), f"{p}.mlp.up_proj.weight": r(FFN, HIDDEN),
               f"{p}.mlp.down_proj.weight": r(HIDDEN, FFN),
               f"{p}.input_layernorm.weight": 1 + r(HIDDEN, s=0.1),
               f"{p}.post_attention_layernorm.weight": 1 + r(HIDDEN, s=0.1)}
         if arch == "qwen2":
-            w |= {f"{p}.self_attn.{x}_proj.bias": r(n * HEAD_DIM, s=0.1)
+            w |= {f"{p}.self_attn.{x}_proj.bias": r(n * head_dim, s=0.1)
                   for x, n in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS))}
+        if arch == "qwen3":  # per-head q/k RMSNorm before RoPE
+            w |= {f"{p}.self_attn.q_norm.weight": 1 + r(head_dim, s=0.1),
+                  f"{p}.self_attn.k_norm.weight": 1 + r(head_dim, s=0.1)}
         if arch == "gemma3":
             w |= {f"{p}.pre_feedforward_layernorm.weight": r(HIDDEN, s=0.1),
                   f"{p}.post_feedforward_layernorm.weight": r(HIDDEN, s=0.1),
-                  f"{p}.self_attn.q_norm.weight": r(HEAD_DIM, s=0.1),
-                  f"{p}.self_attn.k_norm.weight": r(HEAD_DIM, s=0.1)}
+                  f"{p}.self_attn.q_norm.weight": r(head_dim, s=0.1),
+                  f"{p}.self_attn.k_norm.weight": r(head_dim, s=0.1)}
             # Gemma's HF norms are (1 + w) with w near 0
             w[f"{p}.input_layernorm.weight"] -= 1
             w[f"{p}.post_attention_layernorm.weight"] -= 1
@@ -114,7 +117,7 @@ def _gguf_name(arch: str, hf_name: str) -> str:
 
 
 def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=None,
-               sliding_window: int = 8, tokenizer: str = "gpt2") -> Path:
+               sliding_window: int = 8, tokenizer: str = "gpt2", head_dim: int = HEAD_DIM) -> Path:
     """Write `weights` (HF names) as a GGUF file the way llama.cpp's converter would."""
     import gguf
 
@@ -125,8 +128,8 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
     writer.add_feed_forward_length(FFN)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
     if arch == "gemma3":
@@ -147,19 +150,22 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
     return path
 
 
-def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 8):
+def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 8, head_dim: int = HEAD_DIM):
     """The transformers model with the same weights (fp32, eager attention)."""
     import transformers
 
     common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=head_dim,
                   rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True)
     if arch == "gemma3":
-        config = transformers.Gemma3TextConfig(**common, sliding_window=sliding_window, query_pre_attn_scalar=HEAD_DIM,
+        config = transformers.Gemma3TextConfig(**common, sliding_window=sliding_window, query_pre_attn_scalar=head_dim,
                                                rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh")
         model_cls = transformers.Gemma3ForCausalLM
     elif arch == "qwen2":
         config, model_cls = transformers.Qwen2Config(**common, rope_theta=10000.0), transformers.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(**common, rope_theta=10000.0, attention_bias=False)
+        model_cls = transformers.Qwen3ForCausalLM
     else:
         config, model_cls = transformers.LlamaConfig(**common, rope_theta=10000.0), transformers.LlamaForCausalLM
     config._attn_implementation = "eager"

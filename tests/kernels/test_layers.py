@@ -1,4 +1,4 @@
-"""The one-call decoder layers (llama_layer.c, gemma3_layer.c) of every variant against an fp64
+"""The one-call decoder layers (llama_layer.c, also with Qwen3's q/k norms; gemma3_layer.c) of every variant against an fp64
 PyTorch rendering of the same equations: random weights in the formats the models use (INT4
 layout, Q8_0, Q5_0, Q5_K blocks), three sequences at different positions in one call, every KV
 codec, dense caches in pages (as kv/cache.py's blocks: apart in memory, read through the page
@@ -54,7 +54,8 @@ def _int4(n: int, k: int, seed: int) -> tuple[Int4Linear, torch.Tensor]:
 class _Layer:
     """A random layer: its ctypes descriptor and its fp64 weights."""
 
-    def __init__(self, gemma: bool, seed: int = 0):
+    def __init__(self, family: str, seed: int = 0):
+        gemma = family == "gemma3"
         g = torch.Generator().manual_seed(seed)
         width = (HEADS + 2 * KV_HEADS) * DIM
         self.qkv, self.w_qkv = _int4(width, HIDDEN, seed)
@@ -69,8 +70,10 @@ class _Layer:
             ptrs = [n.data_ptr() for n in self.norms] + [n.data_ptr() for n in self.head_norms]
             self.desc = decode._layer_struct(6)(dims, *ptrs, *weights)
         else:
-            self.desc = decode._layer_struct(3)(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None, *weights)
-        self.gemma = gemma
+            head_norms = [n.data_ptr() for n in self.head_norms] if family == "qwen3" else [None, None]
+            self.desc = decode._layer_struct(5)(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None,
+                                                *head_norms, *weights)
+        self.gemma, self.head_norm = gemma, family != "llama"
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -133,7 +136,7 @@ def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], p
         xi = x[i].double()
         n = _rms(xi, layer.norms[0])
         qkv = (layer.w_qkv @ n).view(HEADS + 2 * KV_HEADS, DIM)
-        if layer.gemma:
+        if layer.head_norm:
             qkv[:HEADS] = _rms(qkv[:HEADS], layer.head_norms[0])
             qkv[HEADS:HEADS + KV_HEADS] = _rms(qkv[HEADS:HEADS + KV_HEADS], layer.head_norms[1])
         q = _rope(qkv[:HEADS], cos[i].double(), sin[i].double())
@@ -157,12 +160,12 @@ def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], p
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 @pytest.mark.parametrize("k, v, ring", [("f16", "f16", False), ("f32", "f32", True), ("int8", "int8", False),
                                         ("int8", "int4", True), ("int4", "int4", False),
                                         ("bf16", "bf16", True)])
-def test_decoder_layer_matches_fp64(lib, gemma, k, v, ring):
-    layer = _Layer(gemma)
+def test_decoder_layer_matches_fp64(lib, family, k, v, ring):
+    layer = _Layer(family)
     g = torch.Generator().manual_seed(7)
     pos = [5, 17, 30] if ring else [5, 40, 0]  # a ring of 24 slots has wrapped at 30; 40: a third page
     caches = [_Cache(k, v, ring) for _ in pos]
@@ -175,7 +178,7 @@ def test_decoder_layer_matches_fp64(lib, gemma, k, v, ring):
     slots = (decode._KVSlots * len(pos))(*(c.slots() for c in caches))
     buf = torch.empty(lib.edgellm_layer_floats(ctypes.byref(layer.desc.dims), len(pos)), dtype=torch.float32)
     work = torch.empty(lib.edgellm_block_gemv_work(8, INTER), dtype=torch.uint8)
-    run = lib.edgellm_gemma3_layer if gemma else lib.edgellm_llama_layer
+    run = lib.edgellm_gemma3_layer if family == "gemma3" else lib.edgellm_llama_layer
     run.restype = None
     run(ctypes.byref(layer.desc), ctypes.c_void_p(ours.data_ptr()), ctypes.c_int(len(pos)), ctypes.c_void_p(cos.data_ptr()),
         ctypes.c_void_p(sin.data_ptr()), slots, (ctypes.c_int64 * len(pos))(*pos), ctypes.c_void_p(buf.data_ptr()),

@@ -255,7 +255,7 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
     for (int i = 0; i < 4 * 256 + 2 * 64; i++) norms[i] = 1.f + 0.1f * uniform();
     Projection P[4] = {{{{WEIGHT_INT4, qkv, sz, qkv_n, 256, 256, 32}}, 1}, {{{8, o, NULL, 256, 256, 256, 32}}, 1},
                        {{{14, gu, NULL, 1024, 256, 256, 32}}, 1}, {{{13, down, NULL, 256, 512, 512, 32}}, 1}};
-    LlamaLayer L = {dims, norms, norms + 256, NULL, P[0], P[1], P[2], P[3]};
+    LlamaLayer L = {dims, norms, norms + 256, NULL, norms + 1024, norms + 1088, P[0], P[1], P[2], P[3]};  /* Qwen3's q/k norms */
     GemmaLayer G = {dims, norms, norms + 256, norms + 512, norms + 768, norms + 1024, norms + 1088, P[0], P[1], P[2], P[3]};
     float *xa = floats(M * 256), *xb = floats(M * 256), *cs = floats(M * 64), *sn = floats(M * 64);
     fill_f32(xa, M * 256, 1.f);

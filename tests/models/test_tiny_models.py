@@ -9,7 +9,7 @@ from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
 from tests.tiny import VOCAB, hf_model, random_weights, write_gguf
 
-ARCHS = ["llama", "qwen2", "gemma3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 TOKENS = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_seed(1))
 
 
@@ -119,3 +119,36 @@ def test_chunked_prefill_in_fast_mode_equals_one_pass(tiny):
     # bf16 activations take different kernels at 5, 8 and 24 rows; a wrong mask would differ by O(1)
     assert (chunked - one_pass).abs().max() < 0.03 * one_pass.abs().max()
     assert (chunked.argmax(-1) == one_pass.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_native_decode_steps_match_the_pytorch_layers(arch, tmp_path):
+    import gguf
+
+    weights = random_weights(arch, head_dim=32)  # the C layers' RoPE works on 16-float half-heads
+    path = write_gguf(tmp_path / "q8.gguf", arch, weights, qtype=gguf.GGMLQuantizationType.Q8_0, head_dim=32)
+    steps = range(12, TOKENS.shape[1] + 1)  # a 12-token prompt, then one token at a time
+    with open_gguf(path) as source:
+        model = build_model(source, VOCAB, "fast")
+        assert model.decoder is not None, "the native decoder must take this architecture"
+        native = _forward(model, TOKENS, chunks=steps)[12:]
+        model.decoder = None
+        plain = _forward(model, TOKENS, chunks=steps)[12:]
+    assert (native - plain).abs().max() < 0.01 * plain.abs().max()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_hugging_face_folder_runs_exactly_like_transformers(arch, tmp_path):
+    from edgellm.formats.hf import HFFolder
+
+    weights = random_weights(arch)
+    reference = hf_model(arch, weights)
+    reference.save_pretrained(tmp_path)
+    with torch.inference_mode():
+        expected = reference(TOKENS).logits[0]
+    folder = HFFolder(tmp_path)
+    try:
+        ours = _forward(build_model(folder, VOCAB, "exact"), TOKENS)
+    finally:
+        folder.close()
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)

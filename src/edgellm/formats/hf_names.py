@@ -14,6 +14,7 @@ from edgellm.errors import UnsupportedModel
 MODEL_TYPES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
 }
 GGUF_TO_MODEL_TYPE = {arch: model_type for model_type, (arch, _) in MODEL_TYPES.items()}
@@ -36,6 +37,8 @@ _LAYER_COMMON = {
 _LAYER = {
     "llama": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm"},
     "qwen2": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm"},
+    "qwen3": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm", "attn_q_norm": "self_attn.q_norm",
+                              "attn_k_norm": "self_attn.k_norm"},
     "gemma3": _LAYER_COMMON | {
         "post_attention_norm": "post_attention_layernorm",
         "ffn_norm": "pre_feedforward_layernorm",

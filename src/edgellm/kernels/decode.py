@@ -72,7 +72,7 @@ _WEIGHTS = [("qkv", _Projection), ("o", _Projection), ("gate_up", _Projection), 
 @functools.cache
 def _layer_struct(n_vectors: int) -> type[ctypes.Structure]:
     """A C layer struct: dims, the block's vectors (norm weights, biases; NULL where absent),
-    then the four projections (llama_layer.c: 3 vectors, gemma3_layer.c: 6)."""
+    then the four projections (llama_layer.c: 5 vectors, gemma3_layer.c: 6)."""
     fields = [("dims", _LayerDims)] + [(f"vector{i}", _p) for i in range(n_vectors)] + _WEIGHTS
     return type(f"_Layer{n_vectors}", (ctypes.Structure,), {"_fields_": fields})
 

@@ -60,7 +60,8 @@ typedef struct {
 
 typedef struct {
     LayerDims dims;
-    const float *attn_norm, *mlp_norm, *qkv_bias;  /* qkv_bias may be NULL */
+    const float *attn_norm, *mlp_norm;
+    const float *qkv_bias, *q_norm, *k_norm;  /* NULL where absent: Qwen2 has the bias, Qwen3 the norms */
     Projection qkv, o, gate_up, down;
 } LlamaLayer;
 

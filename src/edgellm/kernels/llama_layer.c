@@ -4,7 +4,7 @@
    The same equations as models/llama.py, for one position per sequence:
 
      n = RMSNorm(x) * w_attn
-     q, k, v = W_qkv n (+ b);  q, k = RoPE(q), RoPE(k)
+     q, k, v = W_qkv n (+ b);  q, k = RoPE(q), RoPE(k)   (Qwen3: RoPE(QNorm(q)), RoPE(KNorm(k)) per head)
      K[pos], V[pos] = k, v;    a_h = softmax(q_h K_g^T * scale) V_g,  g = h / (Hq / Hkv)
      x += W_o a
      m = RMSNorm(x) * w_mlp;   x += W_down (silu(W_gate m) * W_up m)
@@ -28,7 +28,8 @@ void edgellm_llama_layer(const LlamaLayer *L, float *x, int m, const float *cos,
         float *qkv = B.qkv + i * width;
         if (L->qkv_bias)
             for (int64_t j = 0; j < width; j++) qkv[j] += L->qkv_bias[j];
-        for (int64_t h = 0; h < D->n_heads + D->n_kv; h++) norm_rope_head(qkv + h * d, d, NULL, 0.f, cos + i * d, sin + i * d);
+        for (int64_t h = 0; h < D->n_heads + D->n_kv; h++)  /* q heads, then k heads */
+            norm_rope_head(qkv + h * d, d, h < D->n_heads ? L->q_norm : L->k_norm, D->eps, cos + i * d, sin + i * d);
     }
     attention_out(D, &L->o, caches, pos, m, &B, work, threads);
     add_rows(x, B.proj, m, D->hidden);

@@ -11,6 +11,7 @@ from edgellm.models.weights import TensorSource, Weights
 ARCHITECTURES = {
     "llama": (LlamaConfig, Llama),
     "qwen2": (LlamaConfig, Llama),
+    "qwen3": (LlamaConfig, Llama),
     "gemma3": (Gemma3Config, Gemma3),
 }
 

@@ -1,8 +1,11 @@
-"""Llama family (Llama 2/3, SmolLM2, Qwen2): pre-norm blocks of grouped-query attention
+"""Llama family (Llama 2/3, SmolLM2, Qwen2, Qwen3): pre-norm blocks of grouped-query attention
 with rotary positions and a SwiGLU MLP.
 
     h = x + W_o · Attn(RoPE(W_q·n), RoPE(W_k·n), W_v·n),   n = RMSNorm(x)
     y = h + W_down · (silu(W_gate·m) ⊙ W_up·m),            m = RMSNorm(h)
+
+Qwen2 adds a bias to q, k, v; Qwen3 normalizes each head of q and k (RMSNorm over head_dim)
+before RoPE. Both variations come from the weights present, not from the architecture's name.
 """
 from __future__ import annotations
 
@@ -74,6 +77,8 @@ class Attention(nn.Module):
         self.qkv_bias = w.bias(*(n.replace(".weight", ".bias") for n in names))  # Qwen2 has one
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
         self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
+        self.q_norm, self.k_norm = (RMSNorm(w.vector(f"{prefix}.attn_{x}_norm.weight"), cfg.rms_eps)
+                                    if w.has(f"{prefix}.attn_{x}_norm.weight") else None for x in "qk")  # Qwen3
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
@@ -82,9 +87,13 @@ class Attention(nn.Module):
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         qkv = qkv.view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
-        qk = norm_rope(qkv[:, :, :self.n_heads + self.n_kv_heads], rope, native=self.native)  # q and k in one go
-        q = qk[:, :, :self.n_heads].transpose(1, 2)  # (B, Hq, T, D)
-        k = qk[:, :, self.n_heads:].transpose(1, 2)  # (B, Hkv, T, D)
+        if self.q_norm is None:
+            qk = norm_rope(qkv[:, :, :self.n_heads + self.n_kv_heads], rope, native=self.native)  # q and k in one go
+            q, k = qk[:, :, :self.n_heads], qk[:, :, self.n_heads:]
+        else:
+            q = norm_rope(qkv[:, :, :self.n_heads], rope, self.q_norm, native=self.native)
+            k = norm_rope(qkv[:, :, self.n_heads:self.n_heads + self.n_kv_heads], rope, self.k_norm, native=self.native)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, Hq or Hkv, T, D)
         v = qkv[:, :, self.n_heads + self.n_kv_heads:].transpose(1, 2)
         k, v, visibility = cache.update_and_fetch(k, v)
         out = attention(q, k, v, visibility, scale=self.scale, native=self.native)
@@ -107,7 +116,9 @@ class Block(nn.Module):
 
     def native_vectors(self) -> list[torch.Tensor | None]:
         """What llama_layer.c's struct points to, in its order."""
-        return [self.attn_norm.weight, self.mlp_norm.weight, self.attn.qkv_bias]
+        a = self.attn
+        return [self.attn_norm.weight, self.mlp_norm.weight, a.qkv_bias,
+                None if a.q_norm is None else a.q_norm.weight, None if a.k_norm is None else a.k_norm.weight]
 
 
 class Llama(nn.Module):
