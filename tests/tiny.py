@@ -116,8 +116,30 @@ def _gguf_name(arch: str, hf_name: str) -> str:
     return f"blk.{i}.{norms.get(module) or _GGUF_NAMES[module]}.{kind}"
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}  # TOKENS run past the original 16 positions
+
+
+def llama3_rope_freqs(head_dim: int, base: float, spec: dict) -> np.ndarray:
+    """The rope_freqs tensor llama.cpp's converter writes for Llama 3.1 scaling, per frequency."""
+    factor, low, high = spec["factor"], spec["low_freq_factor"], spec["high_freq_factor"]
+    old = spec["original_max_position_embeddings"]
+    out = []
+    for freq in 1.0 / base ** (np.arange(0, head_dim, 2) / head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=None,
-               sliding_window: int = 8, tokenizer: str = "gpt2", head_dim: int = HEAD_DIM) -> Path:
+               sliding_window: int = 8, tokenizer: str = "gpt2", head_dim: int = HEAD_DIM,
+               rope_freqs: np.ndarray | None = None) -> Path:
     """Write `weights` (HF names) as a GGUF file the way llama.cpp's converter would."""
     import gguf
 
@@ -135,6 +157,8 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
     if arch == "gemma3":
         writer.add_sliding_window(sliding_window)
     _tokenizer_metadata(writer, tokenizer)
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs)
     for hf_name, tensor in weights.items():
         array = tensor.numpy()
         if arch == "llama" and ("q_proj.weight" in hf_name or "k_proj.weight" in hf_name):
@@ -150,8 +174,10 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
     return path
 
 
-def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 8, head_dim: int = HEAD_DIM):
-    """The transformers model with the same weights (fp32, eager attention)."""
+def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 8, head_dim: int = HEAD_DIM,
+             rope: dict | None = None):
+    """The transformers model with the same weights (fp32, eager attention); `rope`: RoPE
+    parameters other than the default (e.g. LLAMA3_ROPE)."""
     import transformers
 
     common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
@@ -167,7 +193,9 @@ def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 
         config = transformers.Qwen3Config(**common, rope_theta=10000.0, attention_bias=False)
         model_cls = transformers.Qwen3ForCausalLM
     else:
-        config, model_cls = transformers.LlamaConfig(**common, rope_theta=10000.0), transformers.LlamaForCausalLM
+        rope_parameters = {"rope_type": "default", "rope_theta": 10000.0} | (rope or {})
+        config = transformers.LlamaConfig(**common, rope_parameters=rope_parameters)
+        model_cls = transformers.LlamaForCausalLM
     config._attn_implementation = "eager"
     model = model_cls(config).eval()
     missing, unexpected = model.load_state_dict(weights, strict=False)

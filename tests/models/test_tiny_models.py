@@ -7,7 +7,7 @@ import torch
 from edgellm.formats.gguf import open_gguf
 from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
-from tests.tiny import VOCAB, hf_model, random_weights, write_gguf
+from tests.tiny import HEAD_DIM, LLAMA3_ROPE, VOCAB, hf_model, llama3_rope_freqs, random_weights, write_gguf
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 TOKENS = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_seed(1))
@@ -152,3 +152,20 @@ def test_a_hugging_face_folder_runs_exactly_like_transformers(arch, tmp_path):
     finally:
         folder.close()
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_llama3_rope_scaling_matches_transformers_from_a_folder_and_a_gguf(tmp_path):
+    from edgellm.formats.hf import HFFolder
+
+    weights = random_weights("llama")
+    reference = hf_model("llama", weights, rope=LLAMA3_ROPE)
+    with torch.inference_mode():
+        expected = reference(TOKENS).logits[0]
+        unscaled = hf_model("llama", weights)(TOKENS).logits[0]
+    assert (expected - unscaled).abs().max() > 1e-2  # the scaling matters at these positions
+    reference.save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "m.gguf", "llama", weights, rope_freqs=llama3_rope_freqs(HEAD_DIM, 10000.0, LLAMA3_ROPE))
+    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
+        with source:
+            ours = _forward(build_model(source, VOCAB, "exact"), TOKENS)
+        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)

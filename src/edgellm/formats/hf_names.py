@@ -114,6 +114,7 @@ def metadata_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
             meta[f"{arch}.{suffix}"] = config[field]
     global_base, local_base = _rope_bases(config)
     meta[f"{arch}.rope.freq_base"] = global_base
+    meta |= {f"{arch}.rope.scaling.{key}": value for key, value in _llama3_scaling(config).items()}
     if local_base is not None:
         meta[f"{arch}.rope.local.freq_base"] = local_base
     if arch == "gemma3":
@@ -138,8 +139,18 @@ def _rope_bases(config: Mapping[str, Any]) -> tuple[float, float | None]:
 def _check_default_rope(*specs: Mapping[str, Any]) -> None:
     for spec in specs:
         kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
-            raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported yet")
+        if kind not in ("default", "llama3"):
+            raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported yet (default, llama3)")
+
+
+def _llama3_scaling(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Llama 3.1's RoPE scaling as GGUF-style keys (llama.cpp's names where it has them)."""
+    spec = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if spec.get("rope_type", spec.get("type")) != "llama3":
+        return {}
+    return {"type": "llama3", "factor": float(spec["factor"]), "low_freq_factor": float(spec["low_freq_factor"]),
+            "high_freq_factor": float(spec["high_freq_factor"]),
+            "original_context_length": int(spec["original_max_position_embeddings"])}
 
 
 def _check_gemma3_layout(config: Mapping[str, Any]) -> None:

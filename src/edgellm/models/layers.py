@@ -67,6 +67,17 @@ class Rotary(nn.Module):
         return angles.cos(), angles.sin()
 
 
+def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float, high_freq_factor: float,
+                        original_context: int) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling as per-frequency divisors (what llama.cpp stores as rope_freqs):
+    wavelengths longer than original_context / low_freq_factor are stretched by `factor`, shorter
+    than original_context / high_freq_factor kept, and those between blended smoothly."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    wavelen = 2 * torch.pi / inv_freq
+    smooth = ((original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
+    return 1 / ((1 - smooth) / factor + smooth)  # smooth 0: factor (long waves); 1: unchanged (short)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x·cos + rotate_half(x)·sin with rotate_half(x1, x2) = (-x2, x1).
 

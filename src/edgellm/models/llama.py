@@ -17,7 +17,7 @@ from torch import nn
 
 from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.kv.config import LayerSpec
-from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rope
+from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, llama3_rope_factors, norm_rope
 from edgellm.models.weights import Weights
 
 
@@ -35,6 +35,9 @@ class LlamaConfig:
     rms_eps: float
     rope_base: float
     hf_qk_layout: bool = False  # q/k rows already in rotate-half order (HF checkpoints)
+    # Llama 3.1 RoPE scaling (factor, low_freq_factor, high_freq_factor, original context), where a
+    # file states it instead of storing rope_freqs (Hugging Face folders)
+    llama3_rope: tuple[float, float, float, int] | None = None
 
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> LlamaConfig:
@@ -54,7 +57,15 @@ class LlamaConfig:
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(get("rope.freq_base", 10000.0)),
             hf_qk_layout=bool(meta.get("edgellm.hf_qk_layout", False)),
+            llama3_rope=_llama3_rope(get),
         )
+
+
+def _llama3_rope(get) -> tuple[float, float, float, int] | None:
+    if get("rope.scaling.type") != "llama3":
+        return None
+    return (float(get("rope.scaling.factor")), float(get("rope.scaling.low_freq_factor", 1.0)),
+            float(get("rope.scaling.high_freq_factor", 4.0)), int(get("rope.scaling.original_context_length")))
 
 
 def unpermute_rows(n_heads: int, head_dim: int) -> torch.Tensor:
@@ -135,10 +146,18 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
-        factors = w.vector("rope_freqs.weight") if w.has("rope_freqs.weight") else None
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_base, factors)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_base, self._rope_factors(cfg, w))
         self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)
         self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
+
+    @staticmethod
+    def _rope_factors(cfg: LlamaConfig, w: Weights) -> torch.Tensor | None:
+        """Per-frequency RoPE divisors: a GGUF's rope_freqs, or Llama 3.1's scaling computed."""
+        if w.has("rope_freqs.weight"):
+            return w.vector("rope_freqs.weight")
+        if cfg.llama3_rope is not None:
+            return llama3_rope_factors(cfg.head_dim, cfg.rope_base, *cfg.llama3_rope)
+        return None
 
     def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [self.rotary(positions)] * len(self.blocks)
