@@ -62,12 +62,12 @@ def _sentencepiece_metadata(writer) -> None:
     writer.add_add_space_prefix(False)
 
 
-def random_weights(arch: str, seed: int = 0, head_dim: int = HEAD_DIM) -> dict[str, torch.Tensor]:
+def random_weights(arch: str, seed: int = 0, head_dim: int = HEAD_DIM, layers: int = LAYERS) -> dict[str, torch.Tensor]:
     """HF-named float32 tensors for a tiny model of `arch` (llama, qwen2, qwen3, gemma3)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape, s=0.08: torch.randn(*shape, generator=g) * s  # noqa: E731
     w = {"model.embed_tokens.weight": r(VOCAB, HIDDEN, s=0.5), "model.norm.weight": 1 + r(HIDDEN, s=0.1)}
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"model.layers.{i}"
         w |= {f"{p}.self_attn.q_proj.weight": r(HEADS * head_dim, HIDDEN),
               f"{p}.self_attn.k_proj.weight": r(KV_HEADS * head_dim, HIDDEN),
@@ -93,6 +93,11 @@ def random_weights(arch: str, seed: int = 0, head_dim: int = HEAD_DIM) -> dict[s
             w[f"{p}.post_attention_layernorm.weight"] -= 1
     if arch == "gemma3":
         w["model.norm.weight"] -= 1
+    if arch == "phi3":  # q|k|v and gate|up fused, as Phi-3 checkpoints store them
+        for i in range(layers):
+            p = f"model.layers.{i}"
+            w[f"{p}.self_attn.qkv_proj.weight"] = torch.cat([w.pop(f"{p}.self_attn.{x}_proj.weight") for x in "qkv"])
+            w[f"{p}.mlp.gate_up_proj.weight"] = torch.cat([w.pop(f"{p}.mlp.{x}_proj.weight") for x in ("gate", "up")])
     return w
 
 
@@ -100,6 +105,7 @@ _GGUF_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused ones
 }
 
 
@@ -118,6 +124,17 @@ def _gguf_name(arch: str, hf_name: str) -> str:
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}  # TOKENS run past the original 16 positions
+
+
+# Phi-3 LongRoPE: a context 4x the original one (so an attention factor applies); the short
+# factors are what runs at TOKENS' length
+PHI3_CONTEXT, PHI3_ORIGINAL = 256, 64
+PHI3_ATTN_FACTOR = float(np.sqrt(1 + np.log(PHI3_CONTEXT / PHI3_ORIGINAL) / np.log(PHI3_ORIGINAL)))
+
+
+def phi3_rope(head_dim: int) -> dict:
+    return {"rope_type": "longrope", "original_max_position_embeddings": PHI3_ORIGINAL,
+            "short_factor": [1.0 + 0.3 * i for i in range(head_dim // 2)], "long_factor": [4.0] * (head_dim // 2)}
 
 
 def llama3_rope_freqs(head_dim: int, base: float, spec: dict) -> np.ndarray:
@@ -139,12 +156,12 @@ def llama3_rope_freqs(head_dim: int, base: float, spec: dict) -> np.ndarray:
 
 def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=None,
                sliding_window: int = 8, tokenizer: str = "gpt2", head_dim: int = HEAD_DIM,
-               rope_freqs: np.ndarray | None = None) -> Path:
+               rope_freqs: np.ndarray | None = None, layers: int = LAYERS) -> Path:
     """Write `weights` (HF names) as a GGUF file the way llama.cpp's converter would."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(LAYERS)
+    writer.add_block_count(layers)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(FFN)
@@ -159,9 +176,15 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
     _tokenizer_metadata(writer, tokenizer)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
+    if arch == "phi3":  # sliding window and LongRoPE, as llama.cpp's converter writes them
+        writer.add_sliding_window(sliding_window)
+        writer.add_rope_scaling_orig_ctx_len(PHI3_ORIGINAL)
+        writer.add_rope_scaling_attn_factors(PHI3_ATTN_FACTOR)
+        for kind in ("short", "long"):
+            writer.add_tensor(f"rope_factors_{kind}.weight", np.array(phi3_rope(head_dim)[f"{kind}_factor"], dtype=np.float32))
     for hf_name, tensor in weights.items():
         array = tensor.numpy()
-        if arch == "llama" and ("q_proj.weight" in hf_name or "k_proj.weight" in hf_name):
+        if arch in ("llama", "smollm3") and ("q_proj.weight" in hf_name or "k_proj.weight" in hf_name):
             array = _permute_for_gguf(array, HEADS if "q_proj" in hf_name else KV_HEADS)
         if arch == "gemma3" and hf_name.endswith("norm.weight"):
             array = array + 1
@@ -175,12 +198,12 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
 
 
 def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 8, head_dim: int = HEAD_DIM,
-             rope: dict | None = None):
+             rope: dict | None = None, layers: int = LAYERS):
     """The transformers model with the same weights (fp32, eager attention); `rope`: RoPE
     parameters other than the default (e.g. LLAMA3_ROPE)."""
     import transformers
 
-    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=layers,
                   num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=head_dim,
                   rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True)
     if arch == "gemma3":
@@ -189,6 +212,15 @@ def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 
         model_cls = transformers.Gemma3ForCausalLM
     elif arch == "qwen2":
         config, model_cls = transformers.Qwen2Config(**common, rope_theta=10000.0), transformers.Qwen2ForCausalLM
+    elif arch == "smollm3":  # every fourth layer without RoPE
+        config = transformers.SmolLM3Config(**common, rope_theta=10000.0, pad_token_id=None, bos_token_id=1, eos_token_id=0)
+        model_cls = transformers.SmolLM3ForCausalLM
+    elif arch == "phi3":
+        config = transformers.Phi3Config(**(common | {"max_position_embeddings": PHI3_CONTEXT}), sliding_window=sliding_window,
+                                         original_max_position_embeddings=PHI3_ORIGINAL,
+                                         rope_parameters={"rope_theta": 10000.0, **phi3_rope(head_dim)}, pad_token_id=None,
+                                         bos_token_id=1, eos_token_id=0)
+        model_cls = transformers.Phi3ForCausalLM
     elif arch == "qwen3":
         config = transformers.Qwen3Config(**common, rope_theta=10000.0, attention_bias=False)
         model_cls = transformers.Qwen3ForCausalLM

@@ -121,12 +121,14 @@ def test_chunked_prefill_in_fast_mode_equals_one_pass(tiny):
     assert (chunked.argmax(-1) == one_pass.argmax(-1)).float().mean() > 0.9
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma3"])
 def test_native_decode_steps_match_the_pytorch_layers(arch, tmp_path):
     import gguf
 
-    weights = random_weights(arch, head_dim=32)  # the C layers' RoPE works on 16-float half-heads
-    path = write_gguf(tmp_path / "q8.gguf", arch, weights, qtype=gguf.GGMLQuantizationType.Q8_0, head_dim=32)
+    # head_dim 32: the C layers' RoPE works on 16-float half-heads; 4 layers: SmolLM3's fourth has no RoPE
+    weights = random_weights(arch, head_dim=32, layers=4)
+    path = write_gguf(tmp_path / "q8.gguf", arch, weights, qtype=gguf.GGMLQuantizationType.Q8_0, head_dim=32,
+                      layers=4)
     steps = range(12, TOKENS.shape[1] + 1)  # a 12-token prompt, then one token at a time
     with open_gguf(path) as source:
         model = build_model(source, VOCAB, "fast")
@@ -168,4 +170,39 @@ def test_llama3_rope_scaling_matches_transformers_from_a_folder_and_a_gguf(tmp_p
     for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
         with source:
             ours = _forward(build_model(source, VOCAB, "exact"), TOKENS)
+        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_smollm3_leaves_rope_out_of_every_fourth_layer_like_transformers(tmp_path):
+    from edgellm.formats.hf import HFFolder
+
+    weights = random_weights("smollm3", layers=4)
+    reference = hf_model("smollm3", weights, layers=4)
+    assert reference.config.no_rope_layers == [1, 1, 1, 0]
+    with torch.inference_mode():
+        expected = reference(TOKENS).logits[0]
+    reference.save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "m.gguf", "smollm3", weights, layers=4)
+    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
+        with source:
+            model = build_model(source, VOCAB, "exact")
+            assert model.config.rope_layers == (True, True, True, False)
+            ours = _forward(model, TOKENS)
+        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_phi3_fused_weights_longrope_and_sliding_window_match_transformers(tmp_path):
+    from edgellm.formats.hf import HFFolder
+
+    weights = random_weights("phi3")
+    reference = hf_model("phi3", weights, sliding_window=8)  # TOKENS: 24 positions, so the window matters
+    with torch.inference_mode():
+        expected = reference(TOKENS).logits[0]
+    reference.save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "m.gguf", "phi3", weights, sliding_window=8)
+    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
+        with source:
+            model = build_model(source, VOCAB, "exact")
+            assert model.config.sliding_window == 8 and model.config.context_length == 64  # LongRoPE's short range
+            ours = _forward(model, TOKENS)
         torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)

@@ -5,6 +5,7 @@ Two tables, both directions: tensor names (`model.layers.3.self_attn.q_proj.weig
 Models only ever see GGUF names; readers and writers translate at the file's edge."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Mapping
 
@@ -15,6 +16,8 @@ MODEL_TYPES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
 }
 GGUF_TO_MODEL_TYPE = {arch: model_type for model_type, (arch, _) in MODEL_TYPES.items()}
@@ -39,6 +42,9 @@ _LAYER = {
     "qwen2": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm"},
     "qwen3": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm", "attn_q_norm": "self_attn.q_norm",
                               "attn_k_norm": "self_attn.k_norm"},
+    "smollm3": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm"},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
+             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"},
     "gemma3": _LAYER_COMMON | {
         "post_attention_norm": "post_attention_layernorm",
         "ffn_norm": "pre_feedforward_layernorm",
@@ -119,6 +125,26 @@ def metadata_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         meta[f"{arch}.rope.local.freq_base"] = local_base
     if arch == "gemma3":
         _check_gemma3_layout(config)
+    if arch == "smollm3" and config.get("no_rope_layers") is not None:  # 1: the layer uses RoPE
+        meta["smollm3.rope_layers"] = [bool(x) for x in config["no_rope_layers"]]
+    if arch == "phi3":
+        meta |= _phi3_metadata(config)
+    return meta
+
+
+def _phi3_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi-3's sliding window and LongRoPE as llama.cpp's converter records them (the factors,
+    tensors in a GGUF, as a list here)."""
+    if config.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModel("Phi models with partial rotary embeddings (e.g. Phi-4-mini) are not supported yet")
+    meta: dict[str, Any] = {"phi3.attention.sliding_window": config.get("sliding_window") or 0}
+    spec = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if spec.get("rope_type", spec.get("type")) in ("longrope", "su"):
+        original = int(spec.get("original_max_position_embeddings", config.get("original_max_position_embeddings")))
+        scale = config["max_position_embeddings"] / original
+        factor = spec.get("attention_factor") or (math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        meta |= {"phi3.rope.scaling.original_context_length": original, "phi3.rope.scaling.attn_factor": float(factor),
+                 "phi3.rope.scaling.short_factor": [float(x) for x in spec["short_factor"]]}
     return meta
 
 
@@ -139,8 +165,8 @@ def _rope_bases(config: Mapping[str, Any]) -> tuple[float, float | None]:
 def _check_default_rope(*specs: Mapping[str, Any]) -> None:
     for spec in specs:
         kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind not in ("default", "llama3"):
-            raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported yet (default, llama3)")
+        if kind not in ("default", "llama3", "longrope", "su"):
+            raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported yet (default, llama3, longrope)")
 
 
 def _llama3_scaling(config: Mapping[str, Any]) -> dict[str, Any]:

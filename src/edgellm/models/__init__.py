@@ -12,6 +12,8 @@ ARCHITECTURES = {
     "llama": (LlamaConfig, Llama),
     "qwen2": (LlamaConfig, Llama),
     "qwen3": (LlamaConfig, Llama),
+    "smollm3": (LlamaConfig, Llama),
+    "phi3": (LlamaConfig, Llama),
     "gemma3": (Gemma3Config, Gemma3),
 }
 

@@ -45,23 +45,29 @@ class Rotary(nn.Module):
     """Rotary position embedding in the "rotate half" layout: dimension i pairs with i + d/2.
 
     θ_i = base^(-2i/d), optionally divided by per-frequency factors (Llama 3.1 stores them
-    in the file as `rope_freqs`)."""
+    in the file as `rope_freqs`, Phi-3's LongRoPE as `rope_factors_short`), and cos, sin scaled
+    by `magnitude` (LongRoPE's attention factor)."""
 
-    def __init__(self, head_dim: int, base: float, freq_factors: torch.Tensor | None = None):
+    def __init__(self, head_dim: int, base: float, freq_factors: torch.Tensor | None = None, magnitude: float = 1.0):
         super().__init__()
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         if freq_factors is not None:
             inv_freq = inv_freq / freq_factors.double()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.magnitude = magnitude
 
     def rotate(self, x: torch.Tensor, delta: int) -> torch.Tensor:
         """Move already-rotated keys x (..., D) by `delta` positions: R(p + δ) = R(δ)·R(p)."""
-        cos, sin = self(torch.tensor([delta]))
+        cos, sin = self._angles(torch.tensor([delta]))
         return apply_rotary(x, cos[0, 0], sin[0, 0])
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of each position's angles, both halves repeated: (T, 1, D) for
         positions (T,), (B, T, 1, D) for a batch's own positions (B, T)."""
+        cos, sin = self._angles(positions)
+        return (cos, sin) if self.magnitude == 1.0 else (cos * self.magnitude, sin * self.magnitude)
+
+    def _angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.float()[..., None] * self.inv_freq  # (..., T, D/2)
         angles = torch.cat((angles, angles), dim=-1).unsqueeze(-2)  # (..., T, 1, D)
         return angles.cos(), angles.sin()
@@ -130,14 +136,16 @@ ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) ⊙ up(x)), gate and up fused into one matmul at load time.
+    """down(act(gate(x)) ⊙ up(x)), gate and up fused into one matmul at load time (or in the file:
+    Phi-3's ffn_up holds gate then up).
 
     `activation` names one of ACTIVATIONS; a prompt's gate|up in fast mode goes through
     kernels/act.c in one pass instead of three ops."""
 
     def __init__(self, w, prefix: str, activation: str):
         super().__init__()
-        self.gate_up_proj = w.linear(f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight")
+        fused = not w.has(f"{prefix}.ffn_gate.weight")
+        self.gate_up_proj = w.linear(*([] if fused else [f"{prefix}.ffn_gate.weight"]), f"{prefix}.ffn_up.weight")
         self.down_proj = w.linear(f"{prefix}.ffn_down.weight")
         self.activation = activation
         self._act = ACTIVATIONS[activation]

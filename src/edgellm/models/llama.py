@@ -1,11 +1,13 @@
-"""Llama family (Llama 2/3, SmolLM2, Qwen2, Qwen3): pre-norm blocks of grouped-query attention
+"""Llama family (Llama 2/3, SmolLM2/3, Qwen2, Qwen3): pre-norm blocks of grouped-query attention
 with rotary positions and a SwiGLU MLP.
 
     h = x + W_o · Attn(RoPE(W_q·n), RoPE(W_k·n), W_v·n),   n = RMSNorm(x)
     y = h + W_down · (silu(W_gate·m) ⊙ W_up·m),            m = RMSNorm(h)
 
 Qwen2 adds a bias to q, k, v; Qwen3 normalizes each head of q and k (RMSNorm over head_dim)
-before RoPE. Both variations come from the weights present, not from the architecture's name.
+before RoPE (both variations come from the weights present); SmolLM3 leaves RoPE out of every
+fourth layer (NoPE: `rope_layers`); Phi-3 stores q|k|v and gate|up fused, scales RoPE with
+LongRoPE factors and may slide a window over every layer.
 """
 from __future__ import annotations
 
@@ -38,13 +40,22 @@ class LlamaConfig:
     # Llama 3.1 RoPE scaling (factor, low_freq_factor, high_freq_factor, original context), where a
     # file states it instead of storing rope_freqs (Hugging Face folders)
     llama3_rope: tuple[float, float, float, int] | None = None
+    rope_layers: tuple[bool, ...] | None = None  # which layers rotate q and k (None: all)
+    # Phi-3 LongRoPE: the original context and the attention factor (the factors are tensors in a
+    # GGUF, `longrope_short` here where a Hugging Face config lists them)
+    longrope: tuple[int, float] | None = None
+    longrope_short: tuple[float, ...] | None = None
+    sliding_window: int | None = None  # every layer sees only this many positions (Phi-3 mini)
+
+    def is_sliding(self, i: int) -> bool:
+        return self.sliding_window is not None
 
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> LlamaConfig:
         arch = meta["general.architecture"]
         get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
         hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-        return cls(
+        fields = dict(
             architecture=arch,
             hidden_size=hidden,
             n_layers=int(get("block_count")),
@@ -58,7 +69,34 @@ class LlamaConfig:
             rope_base=float(get("rope.freq_base", 10000.0)),
             hf_qk_layout=bool(meta.get("edgellm.hf_qk_layout", False)),
             llama3_rope=_llama3_rope(get),
+            rope_layers=_rope_layers(arch, get, int(get("block_count"))),
         )
+        return cls(**(fields | _phi3(arch, get)))
+
+
+def _rope_layers(arch: str, get, n_layers: int) -> tuple[bool, ...] | None:
+    """SmolLM3's NoPE layers: as a Hugging Face config lists them, else llama.cpp's rule (every
+    fourth layer, which SmolLM3 GGUFs do not record)."""
+    if arch != "smollm3":
+        return None
+    listed = get("rope_layers")
+    return tuple(bool(x) for x in listed) if listed is not None else tuple((i + 1) % 4 != 0 for i in range(n_layers))
+
+
+def _phi3(arch: str, get) -> dict[str, Any]:
+    """Phi-3's LongRoPE and sliding window. Only the short factors are applied, so a LongRoPE
+    model's context is capped at its original one (the long factors, for 128k, are left out)."""
+    if arch != "phi3":
+        return {}
+    window = int(get("attention.sliding_window", 0) or 0)
+    fields: dict[str, Any] = {"sliding_window": window or None}
+    original = get("rope.scaling.original_context_length")
+    if original is not None:
+        fields["longrope"] = (int(original), float(get("rope.scaling.attn_factor", 1.0)))
+        fields["context_length"] = min(int(get("context_length", original)), int(original))
+        short = get("rope.scaling.short_factor")
+        fields["longrope_short"] = None if short is None else tuple(float(x) for x in short)
+    return fields
 
 
 def _llama3_rope(get) -> tuple[float, float, float, int] | None:
@@ -80,6 +118,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         names = [f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight"]
+        if w.has(f"{prefix}.attn_qkv.weight"):  # Phi-3: fused in the file
+            names = [f"{prefix}.attn_qkv.weight"]
         rows = {}
         if permuted:
             rows = {names[0]: unpermute_rows(cfg.n_heads, cfg.head_dim),
@@ -141,12 +181,13 @@ class Llama(nn.Module):
         super().__init__()
         self.config = cfg
         # llama.cpp interleaves Llama q/k rows; Qwen2 GGUFs and HF checkpoints keep HF's order
-        permuted = cfg.architecture == "llama" and not cfg.hf_qk_layout
+        permuted = cfg.architecture in ("llama", "smollm3") and not cfg.hf_qk_layout
         self.embed = w.embedding("token_embd.weight")
         self.blocks = nn.ModuleList(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_base, self._rope_factors(cfg, w))
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_base, self._rope_factors(cfg, w),
+                             cfg.longrope[1] if cfg.longrope else 1.0)
         self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)
         self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
 
@@ -155,25 +196,36 @@ class Llama(nn.Module):
         """Per-frequency RoPE divisors: a GGUF's rope_freqs, or Llama 3.1's scaling computed."""
         if w.has("rope_freqs.weight"):
             return w.vector("rope_freqs.weight")
+        if w.has("rope_factors_short.weight"):
+            return w.vector("rope_factors_short.weight")
+        if cfg.longrope_short is not None:
+            return torch.tensor(cfg.longrope_short)
         if cfg.llama3_rope is not None:
             return llama3_rope_factors(cfg.head_dim, cfg.rope_base, *cfg.llama3_rope)
         return None
 
     def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [self.rotary(positions)] * len(self.blocks)
+        """(cos, sin) per layer; a NoPE layer's is the identity rotation (cos 1, sin 0)."""
+        rope = self.rotary(positions)
+        if self.config.rope_layers is None:
+            return [rope] * len(self.blocks)
+        identity = (torch.ones_like(rope[0]), torch.zeros_like(rope[1]))
+        return [rope if rotates else identity for rotates in self.config.rope_layers]
 
     def cache_specs(self) -> list[LayerSpec]:
         c = self.config
-        return [LayerSpec(c.n_kv_heads, c.head_dim, None, self.rotary.rotate)] * c.n_layers
+        rotates = c.rope_layers or (True,) * c.n_layers
+        return [LayerSpec(c.n_kv_heads, c.head_dim, c.sliding_window, self.rotary.rotate if r else None)
+                for r in rotates]
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
         logits = fused_step(self.decoder, tokens, caches)  # one decode step in C, when its assumptions hold
         if logits is not None:
             return logits
-        rope = self.rotary(caches.positions(tokens.shape[1]))
+        ropes = self.rope_per_layer(caches.positions(tokens.shape[1]))
         x = self.embed(tokens)
-        for block, cache in zip(self.blocks, caches):
+        for block, cache, rope in zip(self.blocks, caches, ropes):
             x = block(x, rope, cache)
         if last_only:
             x = x[:, -1:]
