@@ -83,15 +83,17 @@ def random_weights(arch: str, seed: int = 0, head_dim: int = HEAD_DIM, layers: i
         if arch == "qwen3":  # per-head q/k RMSNorm before RoPE
             w |= {f"{p}.self_attn.q_norm.weight": 1 + r(head_dim, s=0.1),
                   f"{p}.self_attn.k_norm.weight": 1 + r(head_dim, s=0.1)}
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             w |= {f"{p}.pre_feedforward_layernorm.weight": r(HIDDEN, s=0.1),
-                  f"{p}.post_feedforward_layernorm.weight": r(HIDDEN, s=0.1),
-                  f"{p}.self_attn.q_norm.weight": r(head_dim, s=0.1),
+                  f"{p}.post_feedforward_layernorm.weight": r(HIDDEN, s=0.1)}
+        if arch == "gemma3":
+            w |= {f"{p}.self_attn.q_norm.weight": r(head_dim, s=0.1),
                   f"{p}.self_attn.k_norm.weight": r(head_dim, s=0.1)}
+        if arch in ("gemma2", "gemma3"):
             # Gemma's HF norms are (1 + w) with w near 0
             w[f"{p}.input_layernorm.weight"] -= 1
             w[f"{p}.post_attention_layernorm.weight"] -= 1
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         w["model.norm.weight"] -= 1
     if arch == "phi3":  # q|k|v and gate|up fused, as Phi-3 checkpoints store them
         for i in range(layers):
@@ -117,7 +119,7 @@ def _gguf_name(arch: str, hf_name: str) -> str:
     _, _, i, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
     norms = {"input_layernorm": "attn_norm",
-             "post_attention_layernorm": "post_attention_norm" if arch == "gemma3" else "ffn_norm",
+             "post_attention_layernorm": "post_attention_norm" if arch.startswith("gemma") else "ffn_norm",
              "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
     return f"blk.{i}.{norms.get(module) or _GGUF_NAMES[module]}.{kind}"
 
@@ -128,6 +130,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 
 # Phi-3 LongRoPE: a context 4x the original one (so an attention factor applies); the short
 # factors are what runs at TOKENS' length
+# Gemma 2's attention and final soft caps: small, so that they bite on these random weights
+GEMMA2_SOFTCAPS = (2.0, 3.0)
 PHI3_CONTEXT, PHI3_ORIGINAL = 256, 64
 PHI3_ATTN_FACTOR = float(np.sqrt(1 + np.log(PHI3_CONTEXT / PHI3_ORIGINAL) / np.log(PHI3_ORIGINAL)))
 
@@ -171,8 +175,11 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
     writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         writer.add_sliding_window(sliding_window)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(GEMMA2_SOFTCAPS[0])
+        writer.add_final_logit_softcapping(GEMMA2_SOFTCAPS[1])
     _tokenizer_metadata(writer, tokenizer)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
@@ -186,7 +193,7 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
         array = tensor.numpy()
         if arch in ("llama", "smollm3") and ("q_proj.weight" in hf_name or "k_proj.weight" in hf_name):
             array = _permute_for_gguf(array, HEADS if "q_proj" in hf_name else KV_HEADS)
-        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+        if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             array = array + 1
         is_matrix = array.ndim == 2 and "embed_tokens" not in hf_name
         _add(writer, _gguf_name(arch, hf_name), array, qtype if is_matrix else None)
@@ -210,6 +217,12 @@ def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 
         config = transformers.Gemma3TextConfig(**common, sliding_window=sliding_window, query_pre_attn_scalar=head_dim,
                                                rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh")
         model_cls = transformers.Gemma3ForCausalLM
+    elif arch == "gemma2":
+        config = transformers.Gemma2Config(**common, sliding_window=sliding_window, query_pre_attn_scalar=head_dim,
+                                           rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                                           attn_logit_softcapping=GEMMA2_SOFTCAPS[0],
+                                           final_logit_softcapping=GEMMA2_SOFTCAPS[1])
+        model_cls = transformers.Gemma2ForCausalLM
     elif arch == "qwen2":
         config, model_cls = transformers.Qwen2Config(**common, rope_theta=10000.0), transformers.Qwen2ForCausalLM
     elif arch == "smollm3":  # every fourth layer without RoPE

@@ -71,7 +71,7 @@ def tokenizer_bytes(source: GGUFFile) -> int:
         return vocab_size(source) * 128
     # Measured in the tokenizers library: SmolLM2's byte-level BPE (49k tokens) ~30 MB; a
     # tokenizer.json SentencePiece BPE (Gemma's 262k tokens, 515k merges) ~290 MB.
-    sentencepiece = meta.get("general.architecture") == "gemma3"
+    sentencepiece = meta.get("tokenizer.ggml.model") == "llama"
     return vocab_size(source) * (1100 if sentencepiece else 620)
 
 

@@ -1,4 +1,4 @@
-"""The native decode step (kernels/decode.py + llama_layer.c / gemma3_layer.c) against the model's
+"""The native decode step (kernels/decode.py + llama_layer.c / gemma_layer.c) against the model's
 own PyTorch layers on the same weights and the same native GEMVs: same logits, same tokens — for
 every KV precision it stores, and for a batch of sequences of different lengths."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one-call decoder layers (llama_layer.c, also with Qwen3's q/k norms; gemma3_layer.c) of every variant against an fp64
+"""The one-call decoder layers (llama_layer.c, also with Qwen3's q/k norms; gemma_layer.c) of every variant against an fp64
 PyTorch rendering of the same equations: random weights in the formats the models use (INT4
 layout, Q8_0, Q5_0, Q5_K blocks), three sequences at different positions in one call, every KV
 codec, dense caches in pages (as kv/cache.py's blocks: apart in memory, read through the page
@@ -178,7 +178,7 @@ def test_decoder_layer_matches_fp64(lib, family, k, v, ring):
     slots = (decode._KVSlots * len(pos))(*(c.slots() for c in caches))
     buf = torch.empty(lib.edgellm_layer_floats(ctypes.byref(layer.desc.dims), len(pos)), dtype=torch.float32)
     work = torch.empty(lib.edgellm_block_gemv_work(8, INTER), dtype=torch.uint8)
-    run = lib.edgellm_gemma3_layer if family == "gemma3" else lib.edgellm_llama_layer
+    run = lib.edgellm_gemma_layer if family == "gemma3" else lib.edgellm_llama_layer
     run.restype = None
     run(ctypes.byref(layer.desc), ctypes.c_void_p(ours.data_ptr()), ctypes.c_int(len(pos)), ctypes.c_void_p(cos.data_ptr()),
         ctypes.c_void_p(sin.data_ptr()), slots, (ctypes.c_int64 * len(pos))(*pos), ctypes.c_void_p(buf.data_ptr()),

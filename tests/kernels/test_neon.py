@@ -65,5 +65,5 @@ def test_every_neon_kernel_matches_the_scalar_reference_under_qemu(arm_build):
     # every kernel: GEMVs of all formats, unpacking, attention, row kernels, KV codecs, a decode layer
     for name in ("int4_gemv", "int4_unpack", "block_gemv Q5_K", "block_gemv I8", "blocks_to_float Q6_K",
                  "attention", "gated_act", "norm_rope", "add_rms_norm", "kv_encode int4", "llama_layer",
-                 "gemma3_layer"):
+                 "gemma_layer"):
         assert any(name in line for line in checked), name

@@ -239,10 +239,10 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
                             float *, void *, int);
     typedef int64_t (*floats_t)(const LayerDims *, int);
     BOTH(layer_t, edgellm_llama_layer);
-    BOTH(layer_t, edgellm_gemma3_layer);
+    BOTH(layer_t, edgellm_gemma_layer);
     BOTH(floats_t, edgellm_layer_floats);
     enum { M = 3, STEPS = 5 };
-    LayerDims dims = {256, 4, 2, 64, 512, 16, 1e-5f, 0.125f};
+    LayerDims dims = {256, 4, 2, 64, 512, 16, 1e-5f, 0.125f, gemma ? 5.f : 0.f};  /* Gemma 2's soft-capped scores */
     int64_t qkv_n = (4 + 2 * 2) * 64, rb;
     uint8_t *qkv = malloc((size_t)(qkv_n * 256 / 2));
     uint16_t *sz = malloc((size_t)(256 / 32 * qkv_n * 2) * 2);
@@ -301,13 +301,13 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
                 KVSlots c = {pages[i], 8, 16, NULL};
                 slots[i] = c;
             }
-            layer_t run = gemma ? (lib ? edgellm_gemma3_layer_r : edgellm_gemma3_layer_c)
+            layer_t run = gemma ? (lib ? edgellm_gemma_layer_r : edgellm_gemma_layer_c)
                                 : (lib ? edgellm_llama_layer_r : edgellm_llama_layer_c);
             run(gemma ? (const void *)&G : (const void *)&L, lib ? xb : xa, M, cs, sn, slots, pos, buf, work, 1);
         }
     }
     char what[96];
-    snprintf(what, sizeof what, "%s_layer 3 sequences, %s K / %s V, %d steps", gemma ? "gemma3" : "llama",
+    snprintf(what, sizeof what, "%s_layer 3 sequences, %s K / %s V, %d steps", gemma ? "gemma" : "llama",
              k_codec == KV_INT8 ? "int8" : "int4", v_codec == KV_INT8 ? "int8" : "int4", STEPS);
     /* each step stores quantized K and V: a key that differs in its last float bit between the two
        builds can round to the next INT4 level, which later steps then read (~1e-3 measured) */

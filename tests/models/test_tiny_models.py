@@ -9,7 +9,7 @@ from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
 from tests.tiny import HEAD_DIM, LLAMA3_ROPE, VOCAB, hf_model, llama3_rope_freqs, random_weights, write_gguf
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
 TOKENS = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_seed(1))
 
 
@@ -121,7 +121,7 @@ def test_chunked_prefill_in_fast_mode_equals_one_pass(tiny):
     assert (chunked.argmax(-1) == one_pass.argmax(-1)).float().mean() > 0.9
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma2", "gemma3"])
 def test_native_decode_steps_match_the_pytorch_layers(arch, tmp_path):
     import gguf
 

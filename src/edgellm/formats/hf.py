@@ -15,7 +15,7 @@ import torch
 
 from edgellm.errors import ModelFormatError, UnsupportedModel
 from edgellm.formats.gguf import TensorInfo
-from edgellm.formats.hf_names import gguf_name, metadata_from_config
+from edgellm.formats.hf_names import NORMS_PLUS_ONE, gguf_name, metadata_from_config
 from edgellm.formats.safetensors import SafetensorsFile
 
 # Metadata flag: Llama q/k rows are in HF's order, not llama.cpp's interleaved one.
@@ -69,7 +69,7 @@ class HFFolder:
         return info
 
     def raw(self, name: str) -> torch.Tensor:
-        if self.arch == "gemma3" and name.endswith("norm.weight"):
+        if self.arch in NORMS_PLUS_ONE and name.endswith("norm.weight"):
             return self._shifted_norm(name)
         f, hf = self._where[name]
         return f.raw(hf)

@@ -18,9 +18,15 @@ MODEL_TYPES = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "smollm3": ("smollm3", "SmolLM3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
     "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
 }
 GGUF_TO_MODEL_TYPE = {arch: model_type for model_type, (arch, _) in MODEL_TYPES.items()}
+
+# Conventions of llama.cpp's converter that differ from the Hugging Face checkpoint: these
+# architectures' q/k rows are interleaved per head for its RoPE, these store norms as (1 + w).
+PERMUTED_QK = frozenset({"llama", "smollm3"})
+NORMS_PLUS_ONE = frozenset({"gemma2", "gemma3"})
 
 _GLOBAL = {
     "token_embd": "model.embed_tokens",
@@ -45,6 +51,11 @@ _LAYER = {
     "smollm3": _LAYER_COMMON | {"ffn_norm": "post_attention_layernorm"},
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
              "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"},
+    "gemma2": _LAYER_COMMON | {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
     "gemma3": _LAYER_COMMON | {
         "post_attention_norm": "post_attention_layernorm",
         "ffn_norm": "pre_feedforward_layernorm",
@@ -101,6 +112,11 @@ _GEMMA3_KEYS = {
     "attention.sliding_window": "sliding_window",
     "attention.query_pre_attn_scalar": "query_pre_attn_scalar",
 }
+_GEMMA2_KEYS = _GEMMA3_KEYS | {
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "final_logit_softcapping": "final_logit_softcapping",
+}
+_ARCH_KEYS = {"gemma3": _GEMMA3_KEYS, "gemma2": _GEMMA2_KEYS}
 
 
 def metadata_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,7 +127,7 @@ def metadata_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if model_type not in MODEL_TYPES:
         raise UnsupportedModel(f"model_type {model_type!r} is not supported ({', '.join(MODEL_TYPES)})")
     arch = MODEL_TYPES[model_type][0]
-    keys = _CONFIG_KEYS | (_GEMMA3_KEYS if arch == "gemma3" else {})
+    keys = _CONFIG_KEYS | _ARCH_KEYS.get(arch, {})
     meta: dict[str, Any] = {"general.architecture": arch}
     if config.get("_name_or_path"):
         meta["general.name"] = config["_name_or_path"]
@@ -123,8 +139,8 @@ def metadata_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     meta |= {f"{arch}.rope.scaling.{key}": value for key, value in _llama3_scaling(config).items()}
     if local_base is not None:
         meta[f"{arch}.rope.local.freq_base"] = local_base
-    if arch == "gemma3":
-        _check_gemma3_layout(config)
+    if arch in ("gemma2", "gemma3"):
+        _check_gemma_layout(config, 6 if arch == "gemma3" else 2)
     if arch == "smollm3" and config.get("no_rope_layers") is not None:  # 1: the layer uses RoPE
         meta["smollm3.rope_layers"] = [bool(x) for x in config["no_rope_layers"]]
     if arch == "phi3":
@@ -179,26 +195,31 @@ def _llama3_scaling(config: Mapping[str, Any]) -> dict[str, Any]:
             "original_context_length": int(spec["original_max_position_embeddings"])}
 
 
-def _check_gemma3_layout(config: Mapping[str, Any]) -> None:
-    # edgellm's Gemma 3 runs five sliding layers then one global; other layouts would be misread.
+def _check_gemma_layout(config: Mapping[str, Any], pattern: int) -> None:
+    # edgellm's Gemma 3 runs five sliding layers then one global, Gemma 2 one and one; other
+    # layouts would be misread. Soft-capping is Gemma 2's (a Gemma 3 with it would be misread).
     types = config.get("layer_types")
     if types is not None:
-        expected = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(len(types))]
+        expected = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(len(types))]
         if list(types) != expected:
-            raise UnsupportedModel("Gemma 3 layer_types other than 5 sliding : 1 global are not supported")
+            raise UnsupportedModel(f"Gemma layer_types other than {pattern - 1} sliding : 1 global are not supported")
     for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if config.get(cap):
+        if pattern == 6 and config.get(cap):
             raise UnsupportedModel(f"Gemma 3 with {cap} is not supported")
+
+
+# What config_from_metadata writes faithfully (SmolLM3's NoPE layers and Phi-3's LongRoPE: not yet)
+_WRITABLE = frozenset({"llama", "qwen2", "qwen3", "gemma2", "gemma3"})
 
 
 def config_from_metadata(meta: Mapping[str, Any], vocab_size: int, tied: bool, dtype: str,
                          bos_id: int | None, eos_id: int | None) -> dict[str, Any]:
     """An HF config.json for a model described by GGUF-style metadata."""
     arch = meta["general.architecture"]
-    if arch not in GGUF_TO_MODEL_TYPE:
-        raise UnsupportedModel(f"cannot write architecture {arch!r} as a Hugging Face model")
+    if arch not in _WRITABLE:
+        raise UnsupportedModel(f"cannot write architecture {arch!r} as a Hugging Face model ({', '.join(sorted(_WRITABLE))})")
     model_type = GGUF_TO_MODEL_TYPE[arch]
-    keys = _CONFIG_KEYS | (_GEMMA3_KEYS if arch == "gemma3" else {})
+    keys = _CONFIG_KEYS | _ARCH_KEYS.get(arch, {})
     config: dict[str, Any] = {"architectures": [MODEL_TYPES[model_type][1]], "model_type": model_type}
     for suffix, field in keys.items():
         if f"{arch}.{suffix}" in meta:
@@ -209,15 +230,17 @@ def config_from_metadata(meta: Mapping[str, Any], vocab_size: int, tied: bool, d
     base = float(meta.get(f"{arch}.rope.freq_base", 10_000.0))
     config |= {"vocab_size": vocab_size, "tie_word_embeddings": tied, "dtype": dtype,
                "bos_token_id": bos_id, "eos_token_id": eos_id}
-    if arch == "gemma3":
-        local = float(meta.get(f"{arch}.rope.local.freq_base", 10_000.0))
-        n = config["num_hidden_layers"]
+    if arch in ("gemma2", "gemma3"):
+        pattern, n = (6 if arch == "gemma3" else 2), config["num_hidden_layers"]
         config |= {
             "hidden_activation": "gelu_pytorch_tanh",
-            "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)],
-            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": base},
-                                "sliding_attention": {"rope_type": "default", "rope_theta": local}},
+            "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)],
+            "rope_parameters": {"rope_type": "default", "rope_theta": base},
         }
+        if arch == "gemma3":
+            local = float(meta.get(f"{arch}.rope.local.freq_base", 10_000.0))
+            config["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": base},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": local}}
     else:
         config |= {"hidden_act": "silu", "rope_parameters": {"rope_type": "default", "rope_theta": base},
                    "rope_theta": base, "attention_bias": arch == "qwen2"}

@@ -4,7 +4,7 @@ AVX2, NEON or the portable scalar reference (isa.py, build.py).
 
 Decode (gemv.py): `int4_gemv` multiplies a few activation rows by a weight in edgellm's INT4 layout
 (quant/int4_pack.py); `block_gemv` by GGUF Q8_0 / Q5_0 / Q5_K / Q6_K weights straight from the model
-file (quant/blocks.py). llama_layer.c and gemma3_layer.c run a whole decoder layer for one token of
+file (quant/blocks.py). llama_layer.c and gemma_layer.c run a whole decoder layer for one token of
 up to 8 sequences on these (decode.py).
 
 Prompts (prompt.py): `int4_unpack` and `blocks_to_float` unpack weights into one reused scratch for

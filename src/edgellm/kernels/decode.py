@@ -1,4 +1,4 @@
-"""A decode step with one native call per layer (llama_layer.c, gemma3_layer.c) instead of
+"""A decode step with one native call per layer (llama_layer.c, gemma_layer.c) instead of
 ~70 eager ops per layer, for one sequence or a batch of up to MAX_SEQS.
 
 A model owns its decoder (`model.decoder`, built by `FusedDecoder.build`) and tells it what it
@@ -63,7 +63,7 @@ class _KVSlots(ctypes.Structure):
 
 class _LayerDims(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("n_heads", _i64), ("n_kv", _i64), ("head_dim", _i64), ("inter", _i64),
-                ("max_len", _i64), ("eps", _f32), ("scale", _f32)]
+                ("max_len", _i64), ("eps", _f32), ("scale", _f32), ("softcap", _f32)]
 
 
 _WEIGHTS = [("qkv", _Projection), ("o", _Projection), ("gate_up", _Projection), ("down", _Projection)]
@@ -72,7 +72,7 @@ _WEIGHTS = [("qkv", _Projection), ("o", _Projection), ("gate_up", _Projection), 
 @functools.cache
 def _layer_struct(n_vectors: int) -> type[ctypes.Structure]:
     """A C layer struct: dims, the block's vectors (norm weights, biases; NULL where absent),
-    then the four projections (llama_layer.c: 5 vectors, gemma3_layer.c: 6)."""
+    then the four projections (llama_layer.c: 5 vectors, gemma_layer.c: 6)."""
     fields = [("dims", _LayerDims)] + [(f"vector{i}", _p) for i in range(n_vectors)] + _WEIGHTS
     return type(f"_Layer{n_vectors}", (ctypes.Structure,), {"_fields_": fields})
 
@@ -92,6 +92,7 @@ class NativeModel(Protocol):
     blocks: Sequence[NativeBlock]
 
     def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+    def head(self, x: torch.Tensor) -> torch.Tensor: ...  # final hidden states -> fp32 logits
 
 
 def _weight(linear) -> _Projection:
@@ -154,7 +155,7 @@ class FusedDecoder:
 
     def _describe(self, block: NativeBlock, cfg, max_len: int):
         dims = _LayerDims(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                          max_len, block.attn_norm.eps, block.attn.scale)
+                          max_len, block.attn_norm.eps, block.attn.scale, getattr(block.attn, "softcap", None) or 0.0)
         vectors = [None if v is None else v.float().contiguous() for v in block.native_vectors()]
         self._keep += vectors
         pointers = [None if v is None else v.data_ptr() for v in vectors]
@@ -196,7 +197,7 @@ class FusedDecoder:
             for layers, _, _ in rows:
                 layers[i].mark_written(1)
         last = torch.tensor(list(_last_rows(work)))
-        return self.net.lm_head(self.net.norm(x[last].view(len(work), 1, -1))).float()[:, 0]
+        return self.net.head(x[last].view(len(work), 1, -1))[:, 0]
 
     def _fits(self, work) -> bool:
         for layers, tokens in work:

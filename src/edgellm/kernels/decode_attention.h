@@ -66,9 +66,10 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
         }
 }
 
-/* sc[h][t - t0] = q_h . K_g[t] * scale for the `group` query heads of KV head g, -inf where not visible. */
+/* sc[h][t - t0] = q_h . K_g[t] * scale for the `group` query heads of KV head g, soft-capped where
+   softcap > 0, -inf where not visible. */
 ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const float *q, int group, int64_t d,
-                                float scale, int64_t t0, int64_t t1, int64_t pos, float *sc) {
+                                float scale, float softcap, int64_t t0, int64_t t1, int64_t pos, float *sc) {
     for (int64_t a = t0, b; a < t1; a = b) {
         b = page_end(c, a, t1);
         const KVStore *k = &c->pages[a / c->page_tokens].k;
@@ -76,6 +77,8 @@ ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const fl
             head_scores(k, codec, page_row0(c, g, a), q, h0, group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS,
                         d, scale, a, b, sc + a - t0, t1 - t0);
     }
+    if (softcap > 0.f)
+        for (int64_t i = 0; i < group * (t1 - t0); i++) sc[i] = softcap * tanhf(sc[i] / softcap);
     for (int64_t t = t0; t < t1; t++)  /* empty ring slots hold zeros or old values: finite, masked here */
         if (!visible(c, t, pos))
             for (int h = 0; h < group; h++) sc[h * (t1 - t0) + t - t0] = -INFINITY;
@@ -157,7 +160,7 @@ static inline int64_t attend_floats(int64_t n_heads, int64_t d, int64_t max_len,
 /* out (n_heads x d) = attention of one query per head over the visible slots of its KV head.
    scratch holds attend_floats(...) floats. */
 static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int64_t n_kv, int64_t d, float scale,
-                          int64_t slots, int64_t pos, float *scratch, float *out, int threads) {
+                          float softcap, int64_t slots, int64_t pos, float *scratch, float *out, int threads) {
     int group = (int)(n_heads / n_kv);
     threads = threads < ATT_MAX_THREADS ? threads : ATT_MAX_THREADS;
     int64_t chunks = (slots + ATT_CHUNK - 1) / ATT_CHUNK;
@@ -174,7 +177,7 @@ static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int
                 for (int h = 0; h < group; h++) m[h] = 0.f, l[h] = 0.f;
                 continue;
             }
-#define SCORES(codec) chunk_scores(c, codec, g, q + g * group * d, group, d, scale, t0, t1, pos, sc)
+#define SCORES(codec) chunk_scores(c, codec, g, q + g * group * d, group, d, scale, softcap, t0, t1, pos, sc)
             BY_CODEC(c->pages[0].k.codec, SCORES)
             for (int h = 0; h < group; h++) m[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
 #define VALUES(codec) chunk_values(c, codec, g, sc, group, d, t0, t1, o)

@@ -1,4 +1,4 @@
-/* Pieces shared by the native decoder layers (llama_layer.c, gemma3_layer.c): m sequences, one new
+/* Pieces shared by the native decoder layers (llama_layer.c, gemma_layer.c): m sequences, one new
    token each, fp32 activations. */
 #pragma once
 #include "decode_attention.h"
@@ -63,7 +63,8 @@ static inline void attention_out(const LayerDims *D, const Projection *o, KVSlot
     for (int i = 0; i < m; i++) {
         const float *qkv = B->qkv + i * qkv_width(D);
         int64_t slots = kv_write(&caches[i], qkv + qd, qkv + qd + kvd, D->n_kv, d, pos[i]);
-        attend(&caches[i], qkv, D->n_heads, D->n_kv, d, D->scale, slots, pos[i], B->scores, B->att + i * qd, threads);
+        attend(&caches[i], qkv, D->n_heads, D->n_kv, d, D->scale, D->softcap, slots, pos[i], B->scores, B->att + i * qd,
+               threads);
     }
     gemv(o, B->att, m, B->proj, D->hidden, work, threads);
 }

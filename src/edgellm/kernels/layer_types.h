@@ -56,6 +56,7 @@ typedef struct {
 typedef struct {
     int64_t hidden, n_heads, n_kv, head_dim, inter, max_len;
     float eps, scale;
+    float softcap; /* attention scores s -> softcap tanh(s / softcap) (Gemma 2); 0: none */
 } LayerDims;
 
 typedef struct {

@@ -4,7 +4,7 @@ from __future__ import annotations
 from torch import nn
 
 from edgellm.errors import UnsupportedModel
-from edgellm.models.gemma3 import Gemma3, Gemma3Config
+from edgellm.models.gemma import Gemma, GemmaConfig
 from edgellm.models.llama import Llama, LlamaConfig
 from edgellm.models.weights import TensorSource, Weights
 
@@ -14,7 +14,8 @@ ARCHITECTURES = {
     "qwen3": (LlamaConfig, Llama),
     "smollm3": (LlamaConfig, Llama),
     "phi3": (LlamaConfig, Llama),
-    "gemma3": (Gemma3Config, Gemma3),
+    "gemma2": (GemmaConfig, Gemma),
+    "gemma3": (GemmaConfig, Gemma),
 }
 
 

@@ -105,17 +105,20 @@ def norm_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], norm: RM
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, scale: float,
-              native: bool = False) -> torch.Tensor:
+              native: bool = False, softcap: float | None = None) -> torch.Tensor:
     """Attention of new queries q (B, Hq, T, D) over cached keys k, v (B, Hkv, S, D).
 
     `visibility` comes from the cache: None (all keys), CAUSAL (the queries are the last T of
     the S positions; fused kernels skip the masked part), SlidingCausal (the same within a
     window) or a (T, S) bool mask. For a batch of sequences (LayerBatch) k, v and visibility
     are lists, one per sequence. `native` (fast mode) sends prompt chunks to
-    kernels/attention.c; decode steps are already native or tiny."""
+    kernels/attention.c; decode steps are already native or tiny. `softcap` (Gemma 2) caps the
+    scores at ±softcap smoothly; it takes the plain PyTorch path."""
     if isinstance(k, list):
-        return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale, native=native)
+        return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale, native=native, softcap=softcap)
                           for i in range(len(k))])
+    if softcap is not None:
+        return softcapped_attention(q, k, v, _mask(visibility, q.shape[2], k.shape[2]), scale, softcap)
     if native and q.shape[2] > 1 and kernels.attention_supports(q, k):
         if visibility is None:  # every key visible: the kernel's None means causal
             visibility = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
@@ -130,6 +133,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     elif isinstance(visibility, SlidingCausal):
         visibility = causal_mask(q.shape[2], k.shape[2], visibility.window)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)
+
+
+def _mask(visibility, t: int, s: int) -> torch.Tensor | None:
+    """A cache's visibility as a (T, S) bool mask (None: everything visible)."""
+    if isinstance(visibility, str):
+        return causal_mask(t, s)
+    if isinstance(visibility, SlidingCausal):
+        return causal_mask(t, s, visibility.window)
+    return visibility
+
+
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                         softcap: float) -> torch.Tensor:
+    """softmax(cap · tanh(q kᵀ · scale / cap), masked) v, grouped-query heads sharing k, v."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = softcap * torch.tanh((q @ k.transpose(-1, -2)) * (scale / softcap))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ v
 
 
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from edgellm.kernels.decode import FusedDecoder, fused_step
+from edgellm.formats.hf_names import PERMUTED_QK
 from edgellm.kv.config import LayerSpec
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, llama3_rope_factors, norm_rope
 from edgellm.models.weights import Weights
@@ -181,7 +182,7 @@ class Llama(nn.Module):
         super().__init__()
         self.config = cfg
         # llama.cpp interleaves Llama q/k rows; Qwen2 GGUFs and HF checkpoints keep HF's order
-        permuted = cfg.architecture in ("llama", "smollm3") and not cfg.hf_qk_layout
+        permuted = cfg.architecture in PERMUTED_QK and not cfg.hf_qk_layout
         self.embed = w.embedding("token_embd.weight")
         self.blocks = nn.ModuleList(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
@@ -227,6 +228,8 @@ class Llama(nn.Module):
         x = self.embed(tokens)
         for block, cache, rope in zip(self.blocks, caches, ropes):
             x = block(x, rope, cache)
-        if last_only:
-            x = x[:, -1:]
+        return self.head(x[:, -1:] if last_only else x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (fp32) of final hidden states."""
         return self.lm_head(self.norm(x)).float()

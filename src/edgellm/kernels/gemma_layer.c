@@ -1,5 +1,5 @@
-/* One Gemma 3 decoder layer for one new token of each of m sequences, in C: the equations of
-   models/gemma3.py.
+/* One Gemma 2 / Gemma 3 decoder layer for one new token of each of m sequences, in C: the
+   equations of models/gemma.py (Gemma 2: no q/k norms (NULL), soft-capped scores: dims.softcap).
 
      n = PreNorm_attn(x);  q, k, v = W_qkv n;  q = RoPE(QNorm(q)), k = RoPE(KNorm(k))
      x += PostNorm_attn(W_o Attn(q, K, V))      sliding layers: a ring of the window
@@ -11,7 +11,7 @@ static inline void post_norm(const LayerDims *D, const float *w, int m, float *p
     for (int i = 0; i < m; i++) rms_norm(proj + i * D->hidden, w, D->hidden, D->eps, proj + i * D->hidden);
 }
 
-void edgellm_gemma3_layer(const GemmaLayer *L, float *x, int m, const float *cos, const float *sin, KVSlots *caches,
+void edgellm_gemma_layer(const GemmaLayer *L, float *x, int m, const float *cos, const float *sin, KVSlots *caches,
                           const int64_t *pos, float *buf, void *work, int threads) {
     const LayerDims *D = &L->dims;
     int64_t d = D->head_dim, width = qkv_width(D);

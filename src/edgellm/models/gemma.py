@@ -1,9 +1,12 @@
-"""Gemma 3 (text): Llama-like blocks with four norms per block, RMS-normed queries and
-keys, GELU-gated MLP, embeddings scaled by √d, and attention that alternates five
-sliding-window layers (local RoPE base) with one global layer (global RoPE base).
+"""Gemma 2 and Gemma 3 (text): Llama-like blocks with four norms per block, GELU-gated MLP,
+embeddings scaled by √d, and attention that alternates sliding-window layers with global ones.
 
     h = x + PostNorm_attn(Attn(RoPE(QNorm(W_q·n)), RoPE(KNorm(W_k·n)), W_v·n)),  n = PreNorm_attn(x)
     y = h + PostNorm_mlp(W_down · (gelu_tanh(W_gate·m) ⊙ W_up·m)),              m = PreNorm_mlp(h)
+
+Gemma 3: q/k norms, five sliding layers (local RoPE base) per global one (global base).
+Gemma 2: no q/k norms, sliding and global layers alternating, one RoPE base, and soft-capped
+attention scores and final logits: s -> cap · tanh(s / cap).
 
 GGUF files store every Gemma norm weight as (1 + w), so the plain RMSNorm applies."""
 from __future__ import annotations
@@ -21,11 +24,12 @@ from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rop
 from edgellm.models.weights import Weights
 
 LOCAL_ROPE_BASE = 10_000.0  # Gemma 3's sliding layers; the file carries only the global base
-SLIDING_PATTERN = 6  # every sixth layer attends globally
+SLIDING_PATTERN = {"gemma3": 6, "gemma2": 2}  # every n-th layer attends globally
+ROPE_BASE = {"gemma3": 1_000_000.0, "gemma2": 10_000.0}  # where the file leaves it out
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
+class GemmaConfig:
     hidden_size: int
     n_layers: int
     n_heads: int
@@ -40,12 +44,17 @@ class Gemma3Config:
     sliding_window: int
     query_pre_attn_scalar: float
     architecture: str = "gemma3"
+    attn_softcap: float | None = None  # Gemma 2: attention scores soft-capped at this
+    final_softcap: float | None = None  # Gemma 2: logits soft-capped at this
 
     @classmethod
-    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> Gemma3Config:
-        get = lambda key, default=None: meta.get(f"gemma3.{key}", default)  # noqa: E731
+    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> GemmaConfig:
+        arch = meta["general.architecture"]
+        get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
         heads, head_dim = int(get("attention.head_count")), int(get("attention.key_length", 256))
+        base = float(get("rope.freq_base", ROPE_BASE[arch]))
         return cls(
+            architecture=arch,
             hidden_size=int(get("embedding_length")),
             n_layers=int(get("block_count")),
             n_heads=heads,
@@ -55,26 +64,29 @@ class Gemma3Config:
             vocab_size=vocab_size,
             context_length=int(get("context_length", 32768)),
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_base=float(get("rope.freq_base", 1_000_000.0)),
-            rope_local_base=float(get("rope.local.freq_base", LOCAL_ROPE_BASE)),
+            rope_base=base,
+            rope_local_base=float(get("rope.local.freq_base", LOCAL_ROPE_BASE if arch == "gemma3" else base)),
             sliding_window=int(get("attention.sliding_window", 4096)),
             query_pre_attn_scalar=float(get("attention.query_pre_attn_scalar", head_dim)),
+            attn_softcap=float(get("attn_logit_softcapping")) if get("attn_logit_softcapping") else None,
+            final_softcap=float(get("final_logit_softcapping")) if get("final_logit_softcapping") else None,
         )
 
     def is_sliding(self, layer: int) -> bool:
-        return (layer + 1) % SLIDING_PATTERN != 0
+        return (layer + 1) % SLIDING_PATTERN[self.architecture] != 0
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Gemma3Config, w: Weights, prefix: str, sliding: bool):
+    def __init__(self, cfg: GemmaConfig, w: Weights, prefix: str, sliding: bool):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.qkv_proj = w.linear(f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight")
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
         self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
-        self.q_norm = RMSNorm(w.vector(f"{prefix}.attn_q_norm.weight"), cfg.rms_eps)
-        self.k_norm = RMSNorm(w.vector(f"{prefix}.attn_k_norm.weight"), cfg.rms_eps)
+        self.q_norm, self.k_norm = (RMSNorm(w.vector(f"{prefix}.attn_{x}_norm.weight"), cfg.rms_eps)
+                                    if w.has(f"{prefix}.attn_{x}_norm.weight") else None for x in "qk")  # Gemma 3
         self.scale = cfg.query_pre_attn_scalar ** -0.5
+        self.softcap = cfg.attn_softcap
         self.window = cfg.sliding_window if sliding else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
@@ -84,12 +96,12 @@ class Attention(nn.Module):
         k = norm_rope(qkv[:, :, self.n_heads:-self.n_kv_heads], rope, self.k_norm, native=self.native).transpose(1, 2)
         v = qkv[:, :, -self.n_kv_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         k, v, visibility = cache.update_and_fetch(k, v)
-        out = attention(q, k, v, visibility, scale=self.scale, native=self.native)
+        out = attention(q, k, v, visibility, scale=self.scale, native=self.native, softcap=self.softcap)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: Gemma3Config, w: Weights, i: int):
+    def __init__(self, cfg: GemmaConfig, w: Weights, i: int):
         super().__init__()
         p, eps, native = f"blk.{i}", cfg.rms_eps, w.mode == "fast"
         self.sliding = cfg.is_sliding(i)
@@ -104,18 +116,18 @@ class Block(nn.Module):
         h = self.post_attn_norm.add_to(x, self.attn(self.attn_norm.for_linear(x), rope, cache))
         return self.post_mlp_norm.add_to(h, self.mlp(self.mlp_norm.for_linear(h)))
 
-    def native_vectors(self) -> list[torch.Tensor]:
-        """What gemma3_layer.c's struct points to, in its order."""
+    def native_vectors(self) -> list[torch.Tensor | None]:
+        """What gemma_layer.c's struct points to, in its order (no q/k norms: Gemma 2)."""
         norms = [self.attn_norm, self.post_attn_norm, self.mlp_norm, self.post_mlp_norm, self.attn.q_norm,
                  self.attn.k_norm]
-        return [n.weight for n in norms]
+        return [None if n is None else n.weight for n in norms]
 
 
-class Gemma3(nn.Module):
-    native_layer = "edgellm_gemma3_layer"  # kernels/gemma3_layer.c: a block's decode step in one call
+class Gemma(nn.Module):
+    native_layer = "edgellm_gemma_layer"  # kernels/gemma_layer.c: a block's decode step in one call
     native_activation = "gelu_tanh"
 
-    def __init__(self, cfg: Gemma3Config, w: Weights):
+    def __init__(self, cfg: GemmaConfig, w: Weights):
         super().__init__()
         self.config = cfg
         self.embed = w.embedding("token_embd.weight")
@@ -148,6 +160,10 @@ class Gemma3(nn.Module):
         x = self.embed(tokens) * self.embed_scale
         for block, cache in zip(self.blocks, caches):
             x = block(x, rope_local if block.sliding else rope_global, cache)
-        if last_only:
-            x = x[:, -1:]
-        return self.lm_head(self.norm(x)).float()
+        return self.head(x[:, -1:] if last_only else x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (fp32) of final hidden states; Gemma 2 soft-caps them."""
+        logits = self.lm_head(self.norm(x)).float()
+        cap = self.config.final_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
