@@ -86,3 +86,18 @@ def test_serve_threads_follow_the_cores_actually_free(monkeypatch):
     assert threads.free_cores() == 2  # two of four cores are busy with other work
     monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None, percpu=False: [100.0] * 4)
     assert threads.free_cores() == 1  # never zero
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "smollm3", "phi3", "gemma2"])
+def test_run_and_info_work_on_every_architecture(arch, tmp_path):
+    import gguf
+
+    from tests.tiny import random_weights, write_gguf
+
+    path = write_gguf(tmp_path / f"{arch}.gguf", arch, random_weights(arch, head_dim=32, layers=4), head_dim=32,
+                      layers=4, tokenizer="llama", qtype=gguf.GGMLQuantizationType.Q8_0)
+    info = edgellm("info", str(path))
+    assert info.returncode == 0 and re.search(rf"architecture\s+{arch}\b", info.stdout), info.stdout + info.stderr
+    done = edgellm("run", "hello there", "--model", str(path), "-n", "6", "--ignore-eos", "--json")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["token_ids"]) == 6
