@@ -83,3 +83,15 @@ def test_bench_against_llama_cpp(smollm2_path):
     entry = json.loads(result.stdout)["results"][0]
     assert set(entry["engines"]) == {"edgellm", "llama.cpp"}
     assert entry["ratio_vs_llama_cpp"]["16"]["decode"] > 0
+
+
+def test_bench_architectures_times_each_family_per_weight_byte_against_llama():
+    from edgellm.bench.architectures import architecture_report
+
+    report = architecture_report(("llama", "qwen3", "phi3", "gemma2"), layers=1)
+    rows = report["architectures"]
+    assert set(rows) == {"llama", "qwen3", "phi3", "gemma2"}
+    assert rows["llama"]["decode_per_byte_vs_llama"] == 1.0
+    for row in rows.values():
+        assert row["weight_mb"] > 0 and row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0
+        assert row["decode_per_byte_vs_llama"] > 0

@@ -14,7 +14,6 @@ import struct
 import pytest
 import torch
 
-from edgellm import kernels
 from edgellm.kernels import decode
 from edgellm.kv.codecs import codec
 from edgellm.quant.blocks import BlockLinear

@@ -103,6 +103,19 @@ def test_attention_sliding_window_matches_fp64(lib, heads, kv_heads, dim, t, s, 
     assert (ours.double() - _attention_reference(q, k, v, 0.125, visible)).abs().max() < _value_tolerance(lib, v)
 
 
+def test_attention_with_soft_capped_scores_matches_fp64(lib):
+    # Gemma 2: scores s -> cap · tanh(s / cap) before the mask and softmax
+    g = torch.Generator().manual_seed(3)
+    q = (torch.randn(1, 20, 4, 64, generator=g) * 2).transpose(1, 2)
+    k, v = torch.randn(2, 1, 2, 50, 64, generator=g)
+    causal = torch.ones(20, 50, dtype=torch.bool).tril(30)
+    ours = kernels.attention(q, k, v, 0.125, None, lib=lib, softcap=2.0)
+    scores = 2.0 * torch.tanh((q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * 0.125 / 2.0)
+    expected = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v.double().repeat_interleave(2, 1)
+    assert (ours.double() - expected).abs().max() < _value_tolerance(lib, v)
+    assert (ours.double() - _attention_reference(q, k, v, 0.125, causal)).abs().max() > 0.01  # the cap matters
+
+
 def test_attention_softmax_survives_large_scores(lib):
     q = torch.full((1, 2, 4, 64), 30.0)
     k, v = torch.randn(2, 1, 1, 4, 64, generator=torch.Generator().manual_seed(5)) * 5

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--serving", action="store_true",
                        help="aggregate tok/s with 1, 2, 4 concurrent streams: throughput vs latency mode")
     bench.add_argument("--kv-window", type=int, default=None, help="window for --soak (default 512)")
+    bench.add_argument("--architectures", action="store_true",
+                       help="decode / prefill tok/s of every supported architecture per weight byte, vs Llama "
+                            "(synthetic Q8_0 models of one size)")
     bench.add_argument("--quant", default=None, metavar="SRC[,SRC]",
                        help="float model(s) (HF folder or GGUF): size / quality / decode speed of each --recipes")
     bench.add_argument("--recipes", default="int8,int4-g32,int4-g32+awq,int4-g32-asym,int4-g128,mixed,mixed-small",

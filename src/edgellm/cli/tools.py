@@ -47,6 +47,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.quant:
         return _bench_quant(args)
+    if args.architectures:
+        from edgellm.bench.architectures import architecture_report
+
+        report = architecture_report(progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(report, indent=2))
+        return 0
     models = [m for m in args.model.split(",") if m]
     for model in models:
         resolve_model(model)

@@ -11,7 +11,9 @@
    Visibility: mask == NULL means causal with the queries at the last T of the S positions
    (query t sees keys 0 .. S - T + t), and with window > 0 only the last `window` of those
    (a sliding-window layer: the keys are in position order); otherwise mask is a (T, S) byte
-   array, 1 = visible. A block computes only the keys some row of it sees: [first, len). */
+   array, 1 = visible. A block computes only the keys some row of it sees: [first, len).
+   softcap > 0 (Gemma 2) caps each scaled score: s -> softcap tanh(s / softcap), with
+   tanh(x) = 2 sigmoid(2x) - 1. */
 #include "simd.h"
 
 #define ROWS 8 /* query rows per block */
@@ -20,7 +22,7 @@ typedef struct {
     const float *q; int64_t q_t, q_h;          /* q[t * q_t + h * q_h + d] */
     const float *k, *v; int64_t kv_h, kv_s;    /* k[h * kv_h + s * kv_s + d] */
     int64_t T, S, H, Hkv, D, s_pad, window;
-    float scale;
+    float scale, softcap;
     const uint8_t *mask;
     float *out;                                /* (T, H, D) */
     const float *kt;                           /* (Hkv, D, s_pad) */
@@ -49,7 +51,14 @@ static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, con
             vf kv = vf_load(kt + d * p->s_pad + j);
             for (int i = 0; i < rows; i++) acc[i] = vf_fma(vf_set1(qrow[i][d]), kv, acc[i]);
         }
-        for (int i = 0; i < rows; i++) vf_store(sc + i * p->s_pad + j, vf_mul(acc[i], vf_set1(p->scale)));
+        for (int i = 0; i < rows; i++) {
+            vf s = vf_mul(acc[i], vf_set1(p->scale));
+            if (p->softcap > 0.f) {
+                vf tanh = vf_fma(vf_set1(2.f), vf_sigmoid(vf_mul(s, vf_set1(2.f / p->softcap))), vf_set1(-1.f));
+                s = vf_mul(vf_set1(p->softcap), tanh);
+            }
+            vf_store(sc + i * p->s_pad + j, s);
+        }
     }
 }
 
@@ -172,11 +181,12 @@ int64_t edgellm_attention_work(int64_t S, int64_t Hkv, int64_t D, int threads) {
 /* D % 32 == 0; q, k, v rows contiguous in d. window: 0, or the sliding window (mask == NULL). */
 void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k, const float *v, int64_t kv_h,
                        int64_t kv_s, int64_t T, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
-                       const uint8_t *mask, int64_t window, float *out, float *work, int threads) {
+                       float softcap, const uint8_t *mask, int64_t window, float *out, float *work, int threads) {
     int64_t s_pad = (S + 15) / 16 * 16;
     float *kt = work, *per_thread = work + Hkv * D * s_pad;
     uint32_t *vp = (uint32_t *)(per_thread + (int64_t)threads * ROWS * s_pad * 3 / 2);
-    Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, mask ? 0 : window, scale, mask, out, kt, vp};
+    Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, mask ? 0 : window, scale, softcap, mask, out,
+                 kt, vp};
 #if VALUE_PAIRS
     pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
 #else

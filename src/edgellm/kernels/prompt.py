@@ -89,8 +89,9 @@ def attention_bf16_values(lib: ctypes.CDLL | None = None) -> bool:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None,
-              window: int = 0, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), as (1, H, T, D) fp32.
+              window: int = 0, lib: ctypes.CDLL | None = None, softcap: float | None = None) -> torch.Tensor:
+    """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), as (1, H, T, D) fp32;
+    with softcap (Gemma 2) the scores are capped first: s -> softcap · tanh(s / softcap).
 
     Scores and softmax in fp32; P·V in bf16 where the CPU has AVX512-BF16 (see attention.c).
 
@@ -113,7 +114,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, m
     mask_ptr = None if mask_bytes is None else mask_bytes.data_ptr()
     with profiled("edgellm::attention"):
         lib.edgellm_attention(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), v.data_ptr(), k.stride(1),
-                              k.stride(2), t, s, h, hkv, d, scale, mask_ptr, window, out.data_ptr(),
+                              k.stride(2), t, s, h, hkv, d, scale, softcap or 0.0, mask_ptr, window, out.data_ptr(),
                               work.data_ptr(), threads)
     return out.transpose(1, 2)
 

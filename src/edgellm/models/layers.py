@@ -113,19 +113,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
     window) or a (T, S) bool mask. For a batch of sequences (LayerBatch) k, v and visibility
     are lists, one per sequence. `native` (fast mode) sends prompt chunks to
     kernels/attention.c; decode steps are already native or tiny. `softcap` (Gemma 2) caps the
-    scores at ±softcap smoothly; it takes the plain PyTorch path."""
+    scores at ±softcap smoothly."""
     if isinstance(k, list):
         return torch.cat([attention(q[i:i + 1], k[i], v[i], visibility[i], scale=scale, native=native, softcap=softcap)
                           for i in range(len(k))])
-    if softcap is not None:
-        return softcapped_attention(q, k, v, _mask(visibility, q.shape[2], k.shape[2]), scale, softcap)
     if native and q.shape[2] > 1 and kernels.attention_supports(q, k):
         if visibility is None:  # every key visible: the kernel's None means causal
             visibility = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
         if isinstance(visibility, torch.Tensor):
-            return kernels.attention(q, k, v, scale, visibility)
+            return kernels.attention(q, k, v, scale, visibility, softcap=softcap)
         window = visibility.window if isinstance(visibility, SlidingCausal) else 0
-        return kernels.attention(q, k, v, scale, None, window=window)
+        return kernels.attention(q, k, v, scale, None, window=window, softcap=softcap)
+    if softcap is not None:
+        return softcapped_attention(q, k, v, _mask(visibility, q.shape[2], k.shape[2]), scale, softcap)
     if isinstance(visibility, str) and q.shape[2] == k.shape[2]:  # a fresh prefill: the flash kernel's own causal path
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     if isinstance(visibility, str):  # CAUSAL, a later chunk: torch's is_causal aligns top-left, ours bottom-right
