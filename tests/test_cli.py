@@ -89,7 +89,7 @@ def test_serve_threads_follow_the_cores_actually_free(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "smollm3", "phi3", "gemma2"])
-def test_run_and_info_work_on_every_architecture(arch, tmp_path):
+def test_info_run_and_quantize_work_on_every_architecture(arch, tmp_path):
     import gguf
 
     from tests.tiny import random_weights, write_gguf
@@ -101,3 +101,8 @@ def test_run_and_info_work_on_every_architecture(arch, tmp_path):
     done = edgellm("run", "hello there", "--model", str(path), "-n", "6", "--ignore-eos", "--json")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["token_ids"]) == 6
+    out = tmp_path / f"{arch}.edgellm"  # --no-eval: the quality check's 256-token text needs more context than 256
+    quantized = edgellm("quantize", str(path), str(out), "--recipe", "int8", "--no-eval", "-q")
+    assert quantized.returncode == 0 and out.is_file(), quantized.stderr
+    again = edgellm("run", "hello there", "--model", str(out), "-n", "3", "--ignore-eos", "--json")
+    assert again.returncode == 0 and len(json.loads(again.stdout)["token_ids"]) == 3, again.stderr
