@@ -88,7 +88,7 @@ def test_bench_against_llama_cpp(smollm2_path):
 def test_bench_architectures_times_each_family_per_weight_byte_against_llama():
     from edgellm.bench.architectures import architecture_report
 
-    report = architecture_report(("llama", "qwen3", "phi3", "gemma2"), layers=1)
+    report = architecture_report(("llama", "qwen3", "phi3", "gemma2"), layers=1, rounds=1)
     rows = report["architectures"]
     assert set(rows) == {"llama", "qwen3", "phi3", "gemma2"}
     assert rows["llama"]["decode_per_byte_vs_llama"] == 1.0

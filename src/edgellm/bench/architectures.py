@@ -115,16 +115,21 @@ def time_model(path: Path, prompt_tokens: int = 128, gen_tokens: int = 32, repea
     return dict(prefill_tok_s=round(statistics.median(prefill), 1), decode_tok_s=round(statistics.median(decode), 1))
 
 
-def architecture_report(architectures=ARCHITECTURES, layers: int = 12, progress=lambda line: None) -> dict:
-    """Per architecture: weight MB, prefill and decode tok/s, and decode / prefill speed per weight
-    byte relative to Llama's."""
-    rows = {}
+def architecture_report(architectures=ARCHITECTURES, layers: int = 12, rounds: int = 3,
+                        progress=lambda line: None) -> dict:
+    """Per architecture: weight MB, prefill and decode tok/s (medians over `rounds` in which the
+    families take turns: this machine's speed drifts by ±15 % over minutes), and decode / prefill
+    speed per weight byte relative to Llama's."""
+    runs: dict[str, list[dict]] = {arch: [] for arch in architectures}
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in architectures:
-            path = write_synthetic(Path(tmp) / f"{arch}.gguf", arch, layers)
-            speed = time_model(path)
-            rows[arch] = dict(weight_mb=round(weight_bytes(path) / 2**20, 1), **speed)
-            progress(f"{arch}: {rows[arch]}")
+        paths = {arch: write_synthetic(Path(tmp) / f"{arch}.gguf", arch, layers) for arch in architectures}
+        for r in range(rounds):
+            for arch, path in paths.items():
+                runs[arch].append(time_model(path))
+                progress(f"round {r + 1}/{rounds} {arch}: {runs[arch][-1]}")
+        rows = {arch: dict(weight_mb=round(weight_bytes(paths[arch]) / 2**20, 1),
+                           **{k: statistics.median(run[k] for run in runs[arch]) for k in runs[arch][0]})
+                for arch in architectures}
     base = rows.get("llama")
     if base is not None:
         for row in rows.values():

@@ -57,7 +57,7 @@ class _KVPage(ctypes.Structure):
 
 
 class _KVSlots(ctypes.Structure):
-    _fields_ = [("pages", _p), ("page_tokens", _i64), ("capacity", _i64), ("slot_pos", _p)]
+    _fields_ = [("pages", _p), ("page_tokens", _i64), ("capacity", _i64), ("slot_pos", _p), ("used", _i64)]
 
 
 
@@ -218,6 +218,7 @@ class FusedDecoder:
         view = self._view(cache)
         if view.version != cache.version or view.slots is None:
             view.version, (view.slots, view.pages) = cache.version, _slots(cache)
+        view.slots.used = getattr(cache, "used_slots", 0)  # a ring's written slots grow every step
         return view.slots
 
     def _ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

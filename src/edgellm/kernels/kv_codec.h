@@ -79,9 +79,10 @@ static inline int64_t kv_write(KVSlots *c, const float *k, const float *v, int64
         kv_encode(&page->k, g * c->page_tokens + row, k + g * d, d);
         kv_encode(&page->v, g * c->page_tokens + row, v + g * d, d);
     }
-    if (c->slot_pos) {
+    if (c->slot_pos) {  /* a ring: scan the slots ever written, this one included */
         c->slot_pos[slot] = pos;
-        return c->capacity;
+        if (pos >= c->capacity) return c->capacity;
+        return slot + 1 > c->used ? slot + 1 : c->used;
     }
     return pos + 1;
 }

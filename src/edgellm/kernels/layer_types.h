@@ -45,11 +45,13 @@ typedef struct {
    in pages that are the KV blocks of kv/sequence.py (SequenceKV), so sequences with a common prefix point at
    the same pages. A ring (one page) of `capacity` = window slots holds position p at slot
    p % capacity, with slot_pos[] naming each slot's position (-1: empty), and a query at p sees
-   positions in (p - window, p]. */
+   positions in (p - window, p]; slots from `used` on were never written (a young ring), so
+   attention skips them. */
 typedef struct {
     const KVPage *pages;
     int64_t page_tokens, capacity;
     int64_t *slot_pos;
+    int64_t used;
 } KVSlots;
 
 /* Sizes every decoder layer shares; the first member of each architecture's layer struct. */

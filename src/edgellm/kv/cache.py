@@ -219,6 +219,7 @@ class RingCache:
         self.positions = torch.full((window,), -1, dtype=torch.long)  # -1: empty slot
         self.rotate = rotate
         self.offset = 0
+        self.used_slots = 0  # slots 0..used_slots-1 have ever been written; attention skips the rest
 
     def reserve(self, tokens: int) -> None:
         """Nothing to do: the ring's slots are allocated up front."""
@@ -252,6 +253,7 @@ class RingCache:
         return torch.cat((old_k, keys), dim=2), torch.cat((old_v, values), dim=2), torch.cat((self.positions, q_pos))
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        self._used_upto(int(pos[-1]) + 1)
         slots = pos % self.window
         first, n = int(slots[0]), k.shape[2]
         split = min(n, self.window - first)  # the write may wrap around the ring's end
@@ -292,6 +294,7 @@ class RingCache:
                 store.parts[name][:, :, slots] = value[:, :, n - keep:]
         self.positions[slots] = torch.arange(start + n - keep, start + n)
         self.offset = start + n
+        self._used_upto(self.offset)
 
     def _slots_in_order(self) -> torch.Tensor | None:
         """The slots of the last min(offset, window) positions, oldest first, if the ring holds
@@ -346,6 +349,11 @@ class RingCache:
 
     def mark_written(self, n: int) -> None:
         self.offset += n
+        self._used_upto(self.offset)
+
+    def _used_upto(self, end: int) -> None:
+        """Positions up to `end` were written (slot p % window each; never shrinks)."""
+        self.used_slots = max(self.used_slots, min(end, self.window))
 
 
 def _prefixed(k_parts: dict[str, torch.Tensor], v_parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
