@@ -63,7 +63,7 @@ class Model:
         return_freed_heap()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
         packed = pack_cache_for(source.path, mode)
-        self.net = build_model(source, self.tokenizer.vocab_size, mode, packed)
+        self.net = build_model(source, self.tokenizer.vocab_size, mode, packed, context_length)
         if packed is not None:
             packed.save()
         source.drop_pages()

@@ -206,3 +206,21 @@ def test_phi3_fused_weights_longrope_and_sliding_window_match_transformers(tmp_p
             assert model.config.sliding_window == 8 and model.config.context_length == 64  # LongRoPE's short range
             ours = _forward(model, TOKENS)
         torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_phi3_loaded_for_a_long_context_uses_the_long_factors_like_transformers(tmp_path):
+    from edgellm.formats.hf import HFFolder
+
+    long = torch.randint(2, VOCAB, (1, 80), generator=torch.Generator().manual_seed(2))  # past the original 64
+    weights = random_weights("phi3")
+    reference = hf_model("phi3", weights, sliding_window=8)
+    with torch.inference_mode():
+        expected = reference(long).logits[0]  # transformers switches to the long factors past 64 positions
+    reference.save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "m.gguf", "phi3", weights, sliding_window=8)
+    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
+        with source:
+            model = build_model(source, VOCAB, "exact", context_length=256)
+            assert model.config.context_length == 256 and model.config.longrope[2] == "long"
+            ours = _forward(model, long)
+        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)

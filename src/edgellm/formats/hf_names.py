@@ -160,7 +160,8 @@ def _phi3_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
         scale = config["max_position_embeddings"] / original
         factor = spec.get("attention_factor") or (math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
         meta |= {"phi3.rope.scaling.original_context_length": original, "phi3.rope.scaling.attn_factor": float(factor),
-                 "phi3.rope.scaling.short_factor": [float(x) for x in spec["short_factor"]]}
+                 "phi3.rope.scaling.short_factor": [float(x) for x in spec["short_factor"]],
+                 "phi3.rope.scaling.long_factor": [float(x) for x in spec["long_factor"]]}
     return meta
 
 

@@ -19,15 +19,17 @@ ARCHITECTURES = {
 }
 
 
-def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache=None) -> nn.Module:
+def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache=None,
+                context_length: int | None = None) -> nn.Module:
     """Config from the file's metadata, weights through `quant/` (or a PackCache of earlier
-    conversions); returns an eval-mode model."""
+    conversions); returns an eval-mode model. `context_length`: what the model is loaded for
+    (None: the default; Phi-3's LongRoPE picks its factors by it)."""
     arch = source.metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         supported = ", ".join(ARCHITECTURES)
         raise UnsupportedModel(f"{source.path}: architecture {arch!r} is not supported ({supported})")
     config_cls, model_cls = ARCHITECTURES[arch]
-    config = config_cls.from_gguf(source.metadata, vocab_size)
+    config = config_cls.from_gguf(source.metadata, vocab_size, context_length)
     return model_cls(config, Weights(source, mode, cache)).eval()
 
 

@@ -48,7 +48,8 @@ class GemmaConfig:
     final_softcap: float | None = None  # Gemma 2: logits soft-capped at this
 
     @classmethod
-    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> GemmaConfig:
+    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int, context_length: int | None = None) -> GemmaConfig:
+        """(`context_length`, the context a model is loaded for, changes nothing here.)"""
         arch = meta["general.architecture"]
         get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
         heads, head_dim = int(get("attention.head_count")), int(get("attention.key_length", 256))

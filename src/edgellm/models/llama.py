@@ -42,17 +42,20 @@ class LlamaConfig:
     # file states it instead of storing rope_freqs (Hugging Face folders)
     llama3_rope: tuple[float, float, float, int] | None = None
     rope_layers: tuple[bool, ...] | None = None  # which layers rotate q and k (None: all)
-    # Phi-3 LongRoPE: the original context and the attention factor (the factors are tensors in a
-    # GGUF, `longrope_short` here where a Hugging Face config lists them)
-    longrope: tuple[int, float] | None = None
-    longrope_short: tuple[float, ...] | None = None
+    # Phi-3 LongRoPE: the original context, the attention factor and which factors ("short" within
+    # the original context, "long" beyond it; tensors in a GGUF, `longrope_factors` where a Hugging
+    # Face config lists them)
+    longrope: tuple[int, float, str] | None = None
+    longrope_factors: tuple[float, ...] | None = None
     sliding_window: int | None = None  # every layer sees only this many positions (Phi-3 mini)
 
     def is_sliding(self, i: int) -> bool:
         return self.sliding_window is not None
 
     @classmethod
-    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int) -> LlamaConfig:
+    def from_gguf(cls, meta: Mapping[str, Any], vocab_size: int, context_length: int | None = None) -> LlamaConfig:
+        """Config from metadata; `context_length` (what the model is loaded for) picks Phi-3's
+        LongRoPE factors."""
         arch = meta["general.architecture"]
         get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
         hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
@@ -72,7 +75,7 @@ class LlamaConfig:
             llama3_rope=_llama3_rope(get),
             rope_layers=_rope_layers(arch, get, int(get("block_count"))),
         )
-        return cls(**(fields | _phi3(arch, get)))
+        return cls(**(fields | _phi3(arch, get, context_length)))
 
 
 def _rope_layers(arch: str, get, n_layers: int) -> tuple[bool, ...] | None:
@@ -84,19 +87,22 @@ def _rope_layers(arch: str, get, n_layers: int) -> tuple[bool, ...] | None:
     return tuple(bool(x) for x in listed) if listed is not None else tuple((i + 1) % 4 != 0 for i in range(n_layers))
 
 
-def _phi3(arch: str, get) -> dict[str, Any]:
-    """Phi-3's LongRoPE and sliding window. Only the short factors are applied, so a LongRoPE
-    model's context is capped at its original one (the long factors, for 128k, are left out)."""
+def _phi3(arch: str, get, wanted: int | None) -> dict[str, Any]:
+    """Phi-3's sliding window and LongRoPE. Like llama.cpp, the factors follow the context the
+    model is loaded for: the short ones within the original context (the default: the range
+    on-device prompts live in, and transformers' choice for them), the long ones beyond it."""
     if arch != "phi3":
         return {}
     window = int(get("attention.sliding_window", 0) or 0)
     fields: dict[str, Any] = {"sliding_window": window or None}
     original = get("rope.scaling.original_context_length")
     if original is not None:
-        fields["longrope"] = (int(original), float(get("rope.scaling.attn_factor", 1.0)))
-        fields["context_length"] = min(int(get("context_length", original)), int(original))
-        short = get("rope.scaling.short_factor")
-        fields["longrope_short"] = None if short is None else tuple(float(x) for x in short)
+        original, full = int(original), int(get("context_length", original))
+        kind = "long" if wanted is not None and wanted > original else "short"
+        fields["longrope"] = (original, float(get("rope.scaling.attn_factor", 1.0)), kind)
+        fields["context_length"] = full if kind == "long" else min(full, original)
+        listed = get(f"rope.scaling.{kind}_factor")
+        fields["longrope_factors"] = None if listed is None else tuple(float(x) for x in listed)
     return fields
 
 
@@ -197,10 +203,9 @@ class Llama(nn.Module):
         """Per-frequency RoPE divisors: a GGUF's rope_freqs, or Llama 3.1's scaling computed."""
         if w.has("rope_freqs.weight"):
             return w.vector("rope_freqs.weight")
-        if w.has("rope_factors_short.weight"):
-            return w.vector("rope_factors_short.weight")
-        if cfg.longrope_short is not None:
-            return torch.tensor(cfg.longrope_short)
+        if cfg.longrope is not None:
+            name = f"rope_factors_{cfg.longrope[2]}.weight"
+            return w.vector(name) if w.has(name) else torch.tensor(cfg.longrope_factors)
         if cfg.llama3_rope is not None:
             return llama3_rope_factors(cfg.head_dim, cfg.rope_base, *cfg.llama3_rope)
         return None
