@@ -24,8 +24,23 @@ def _add(writer, name: str, array: np.ndarray, qtype) -> None:
     array = np.ascontiguousarray(array, dtype=np.float32)
     if qtype in (None, gguf.GGMLQuantizationType.F32) or array.ndim == 1:
         writer.add_tensor(name, array)
+    elif qtype == gguf.GGMLQuantizationType.IQ4_NL:  # gguf-py reads it but cannot write it
+        writer.add_tensor(name, quantize_iq4_nl(array), raw_dtype=qtype)
     else:
         writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
+
+def quantize_iq4_nl(w: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks of w (rows, cols): per 32 values an fp16 scale and the nearest of the 16
+    levels, Q4_0's nibble order (value j low nibble of byte j, value j + 16 its high nibble)."""
+    from edgellm.quant.ggml import IQ4_NL_LEVELS
+
+    levels = np.array(IQ4_NL_LEVELS, dtype=np.float32)
+    blocks = w.reshape(-1, 32)
+    d = (np.abs(blocks).max(axis=1, keepdims=True) / 127).astype(np.float16)
+    q = np.abs(blocks[:, :, None] / np.maximum(d.astype(np.float32), 1e-12)[:, :, None] - levels).argmin(-1)
+    packed = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    return np.concatenate([d.view(np.uint8), packed], axis=1).reshape(w.shape[0], -1)
 
 
 def _tokenizer_metadata(writer, kind: str) -> None:

@@ -224,3 +224,18 @@ def test_phi3_loaded_for_a_long_context_uses_the_long_factors_like_transformers(
             assert model.config.context_length == 256 and model.config.longrope[2] == "long"
             ours = _forward(model, long)
         torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_iq4_nl_weights_load_and_run_in_fast_mode(tmp_path):
+    import gguf
+
+    weights = random_weights("qwen3")
+    path = write_gguf(tmp_path / "iq4.gguf", "qwen3", weights, qtype=gguf.GGMLQuantizationType.IQ4_NL)
+    with open_gguf(path) as source:
+        exact = _forward(build_model(source, VOCAB, "exact"), TOKENS)  # the IQ4_NL weights, dequantized in fp32
+        fast = _forward(build_model(source, VOCAB, "fast"), TOKENS)
+    reference = hf_model("qwen3", weights)
+    with torch.inference_mode():
+        unquantized = reference(TOKENS).logits[0]
+    assert (fast - exact).abs().max() < 0.02 * exact.abs().max() + 0.02
+    assert (exact - unquantized).abs().max() < 0.1 * unquantized.abs().max()  # 4-bit weights, close to the floats

@@ -23,6 +23,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "Q4_K": (256, 144),
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
+    "IQ4_NL": (32, 18),
 }
 
 
@@ -56,6 +57,18 @@ def _dec_q4_0(b: bytes) -> list[float]:
     for j in range(16):
         y[j] = _f32(((qs[j] & 0xF) - 8) * d)
         y[j + 16] = _f32(((qs[j] >> 4) - 8) * d)
+    return y
+
+
+_IQ4_NL_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _dec_iq4_nl(b: bytes) -> list[float]:
+    d, qs = _half(b, 0), b[2:18]
+    y = [0.0] * 32
+    for j in range(16):
+        y[j] = _f32(_IQ4_NL_LEVELS[qs[j] & 0xF] * d)
+        y[j + 16] = _f32(_IQ4_NL_LEVELS[qs[j] >> 4] * d)
     return y
 
 
@@ -167,6 +180,7 @@ _DECODERS = {
     "F16": _dec_f16,
     "BF16": _dec_bf16,
     "Q4_0": _dec_q4_0,
+    "IQ4_NL": _dec_iq4_nl,
     "Q4_1": _dec_q4_1,
     "Q5_0": _dec_q5_0,
     "Q5_1": _dec_q5_1,
@@ -204,7 +218,7 @@ def random_block(fmt: str, rng: random.Random) -> bytes:
         return _rand_half(rng)
     if fmt == "BF16":
         return struct.pack("<f", rng.uniform(-10.0, 10.0))[2:4]
-    if fmt == "Q4_0":
+    if fmt in ("Q4_0", "IQ4_NL"):
         return _rand_half(rng) + rng.randbytes(16)
     if fmt in ("Q4_1", "Q5_1"):
         body = rng.randbytes(16 if fmt == "Q4_1" else 20)  # [qh u32 +] qs

@@ -188,6 +188,16 @@ def _dq_q4_0(b: torch.Tensor) -> torch.Tensor:
     return (_q4_0_q(b).float() - 8) * _f16(b, 0)
 
 
+# IQ4_NL's 16 levels (ggml's kvalues_iq4nl): non-uniform, denser near zero
+IQ4_NL_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _dq_iq4_nl(b: torch.Tensor) -> torch.Tensor:
+    """IQ4_NL: Q4_0's layout (fp16 d, 16 bytes of nibbles), each nibble an index into the levels."""
+    levels = torch.tensor(IQ4_NL_LEVELS, dtype=torch.float32)
+    return levels[_q4_0_q(b).long()] * _f16(b, 0)
+
+
 def _q4_1_q(b: torch.Tensor) -> torch.Tensor:
     return _nibbles(b[:, 4:20])  # (B, 32)
 
@@ -253,6 +263,7 @@ def _dq_q6_k(b: torch.Tensor) -> torch.Tensor:
 
 _BLOCK_DECODERS: dict[GGMLType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.Q4_0: _dq_q4_0,
+    GGMLType.IQ4_NL: _dq_iq4_nl,
     GGMLType.Q4_1: _dq_q4_1,
     GGMLType.Q5_0: _dq_q5_0,
     GGMLType.Q5_1: _dq_q5_1,
