@@ -89,7 +89,7 @@ def test_serve_threads_follow_the_cores_actually_free(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "smollm3", "phi3", "gemma2"])
-def test_info_run_and_quantize_work_on_every_architecture(arch, tmp_path):
+def test_info_run_quantize_and_eval_work_on_every_architecture(arch, tmp_path):
     import gguf
 
     from tests.tiny import random_weights, write_gguf
@@ -106,3 +106,8 @@ def test_info_run_and_quantize_work_on_every_architecture(arch, tmp_path):
     assert quantized.returncode == 0 and out.is_file(), quantized.stderr
     again = edgellm("run", "hello there", "--model", str(out), "-n", "3", "--ignore-eos", "--json")
     assert again.returncode == 0 and len(json.loads(again.stdout)["token_ids"]) == 3, again.stderr
+    text = tmp_path / "short.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog again and again")
+    scored = edgellm("eval", str(out), "--reference", str(path), "--text", str(text), "--json")
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(scored.stdout)["kl_mean"] < 0.01  # INT8 weights: next-token distributions barely move
