@@ -179,3 +179,25 @@ def test_warmup_runs_in_the_background_after_start(server_factory):
     while 'edgellm_warmups_total{outcome="done"} 1.0' not in httpx.get(server.url + "/metrics").text:
         assert time.time() < deadline, "warmup did not run"
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2"])
+def test_the_official_client_chats_with_every_architecture(arch, tmp_path):
+    import gguf
+
+    import edgellm
+    from tests.server.conftest import RunningServer
+    from tests.tiny import random_weights, write_gguf
+
+    path = write_gguf(tmp_path / f"{arch}.gguf", arch, random_weights(arch, head_dim=32, layers=4), head_dim=32,
+                      layers=4, tokenizer="llama", qtype=gguf.GGMLQuantizationType.Q8_0)
+    model = edgellm.load(path)
+    server = RunningServer(model)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        reply = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hello"}],
+                                               max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+        assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
+    finally:
+        server.stop()
+        model.close()
