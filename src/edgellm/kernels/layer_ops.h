@@ -55,6 +55,28 @@ static inline void gemv(const Projection *w, const float *x, int m, float *y, in
     }
 }
 
+/* out[i] = RMSNorm(x[i]) * w for m rows of `hidden` (out may be x). */
+static inline void norm_rows(const LayerDims *D, const float *x, const float *w, int m, float *out) {
+    for (int i = 0; i < m; i++) rms_norm(x + i * D->hidden, w, D->hidden, D->eps, out + i * D->hidden);
+}
+
+/* B->qkv = W_qkv RMSNorm(x) (+ bias), then each q and k head normed (q_norm / k_norm) and rotated:
+   the attention input of every decoder layer. bias, q_norm and k_norm may be NULL. */
+static inline void attention_in(const LayerDims *D, const float *x, const float *attn_norm, const Projection *qkv,
+                                const float *bias, const float *q_norm, const float *k_norm, const float *cos,
+                                const float *sin, int m, const LayerBuffers *B, void *work, int threads) {
+    int64_t d = D->head_dim, width = qkv_width(D);
+    norm_rows(D, x, attn_norm, m, B->n);
+    gemv(qkv, B->n, m, B->qkv, width, work, threads);
+    for (int i = 0; i < m; i++) {
+        float *row = B->qkv + i * width;
+        if (bias)
+            for (int64_t j = 0; j < width; j++) row[j] += bias[j];
+        for (int64_t h = 0; h < D->n_heads + D->n_kv; h++)  /* q heads, then k heads */
+            norm_rope_head(row + h * d, d, h < D->n_heads ? q_norm : k_norm, D->eps, cos + i * d, sin + i * d);
+    }
+}
+
 /* After q, k, v of every sequence in B->qkv are final: store each k, v, attend over its own cache,
    and project: B->proj = W_o attn. */
 static inline void attention_out(const LayerDims *D, const Projection *o, KVSlots *caches, const int64_t *pos, int m,

@@ -19,22 +19,13 @@
 void edgellm_llama_layer(const LlamaLayer *L, float *x, int m, const float *cos, const float *sin, KVSlots *caches,
                          const int64_t *pos, float *buf, void *work, int threads) {
     const LayerDims *D = &L->dims;
-    int64_t d = D->head_dim, width = qkv_width(D);
     LayerBuffers B = layer_buffers(D, m, buf);
 
-    for (int i = 0; i < m; i++) rms_norm(x + i * D->hidden, L->attn_norm, D->hidden, D->eps, B.n + i * D->hidden);
-    gemv(&L->qkv, B.n, m, B.qkv, width, work, threads);
-    for (int i = 0; i < m; i++) {
-        float *qkv = B.qkv + i * width;
-        if (L->qkv_bias)
-            for (int64_t j = 0; j < width; j++) qkv[j] += L->qkv_bias[j];
-        for (int64_t h = 0; h < D->n_heads + D->n_kv; h++)  /* q heads, then k heads */
-            norm_rope_head(qkv + h * d, d, h < D->n_heads ? L->q_norm : L->k_norm, D->eps, cos + i * d, sin + i * d);
-    }
+    attention_in(D, x, L->attn_norm, &L->qkv, L->qkv_bias, L->q_norm, L->k_norm, cos, sin, m, &B, work, threads);
     attention_out(D, &L->o, caches, pos, m, &B, work, threads);
     add_rows(x, B.proj, m, D->hidden);
 
-    for (int i = 0; i < m; i++) rms_norm(x + i * D->hidden, L->mlp_norm, D->hidden, D->eps, B.n + i * D->hidden);
+    norm_rows(D, x, L->mlp_norm, m, B.n);
     gated_mlp(D, &L->gate_up, &L->down, ACT_SILU, m, &B, work, threads);
     add_rows(x, B.proj, m, D->hidden);
 }
