@@ -154,7 +154,7 @@ def _phi3_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModel("Phi models with partial rotary embeddings (e.g. Phi-4-mini) are not supported yet")
     meta: dict[str, Any] = {"phi3.attention.sliding_window": config.get("sliding_window") or 0}
-    spec = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    spec = _rope_spec(config)
     if spec.get("rope_type", spec.get("type")) in ("longrope", "su"):
         original = int(spec.get("original_max_position_embeddings", config.get("original_max_position_embeddings")))
         scale = config["max_position_embeddings"] / original
@@ -186,9 +186,14 @@ def _check_default_rope(*specs: Mapping[str, Any]) -> None:
             raise UnsupportedModel(f"RoPE scaling {kind!r} is not supported yet (default, llama3, longrope)")
 
 
+def _rope_spec(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A flat config's RoPE parameters: transformers 5's rope_parameters, or the older rope_scaling."""
+    return config.get("rope_parameters") or config.get("rope_scaling") or {}
+
+
 def _llama3_scaling(config: Mapping[str, Any]) -> dict[str, Any]:
     """Llama 3.1's RoPE scaling as GGUF-style keys (llama.cpp's names where it has them)."""
-    spec = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    spec = _rope_spec(config)
     if spec.get("rope_type", spec.get("type")) != "llama3":
         return {}
     return {"type": "llama3", "factor": float(spec["factor"]), "low_freq_factor": float(spec["low_freq_factor"]),

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Protocol
 import torch
 
 from edgellm.kv.codecs import Codec
-from edgellm.kv.store import KVPage, TokenStore
+from edgellm.kv.store import KVPage, TokenStore, prefixed, split_prefixed
 
 # What the queries of one update may see: None = every cached key (a decode step);
 # CAUSAL = the T queries are the last T of the S positions and query i sees keys 0..S-T+i
@@ -126,11 +126,11 @@ class DenseCache:
 
     def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
         """Encoded K and V of positions start..end-1 (a copy)."""
-        return _prefixed(self._read_parts(0, start, end), self._read_parts(1, start, end))
+        return prefixed(self._read_parts(0, start, end), self._read_parts(1, start, end))
 
     def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
         """Write exported positions back at `start` (the next position)."""
-        k_parts, v_parts = _split(parts)
+        k_parts, v_parts = split_prefixed(parts)
         end = start + next(iter(k_parts.values())).shape[2]
         self.reserve(end)
         self._write(0, start, k_parts)
@@ -282,10 +282,10 @@ class RingCache:
 
     def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
         slots = self._slots(start, end)
-        return _prefixed(*({n: p[:, :, slots].clone() for n, p in store.parts.items()} for store in (self.k, self.v)))
+        return prefixed(*({n: p[:, :, slots].clone() for n, p in store.parts.items()} for store in (self.k, self.v)))
 
     def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
-        k_parts, v_parts = _split(parts)
+        k_parts, v_parts = split_prefixed(parts)
         n = next(iter(k_parts.values())).shape[2]
         keep = min(n, self.window)  # older positions would be overwritten anyway
         slots = torch.arange(start + n - keep, start + n) % self.window
@@ -354,12 +354,3 @@ class RingCache:
     def _used_upto(self, end: int) -> None:
         """Positions up to `end` were written (slot p % window each; never shrinks)."""
         self.used_slots = max(self.used_slots, min(end, self.window))
-
-
-def _prefixed(k_parts: dict[str, torch.Tensor], v_parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {f"k.{n}": p for n, p in k_parts.items()} | {f"v.{n}": p for n, p in v_parts.items()}
-
-
-def _split(parts: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    return ({n[2:]: p for n, p in parts.items() if n.startswith("k.")},
-            {n[2:]: p for n, p in parts.items() if n.startswith("v.")})

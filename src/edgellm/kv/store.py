@@ -71,17 +71,29 @@ class KVPage:
 
     def export(self) -> dict[str, torch.Tensor]:
         """The page's encoded K and V as "k.<part>", "v.<part>" tensors (the disk tier's form)."""
-        return {f"k.{n}": t for n, t in self.k.parts.items()} | {f"v.{n}": t for n, t in self.v.parts.items()}
+        return prefixed(self.k.parts, self.v.parts)
 
     @classmethod
     def from_export(cls, k_codec: Codec, v_codec: Codec, heads: int, head_dim: int,
                     parts: dict[str, torch.Tensor]) -> KVPage:
         tokens = next(iter(parts.values())).shape[2]
         page = cls.empty(k_codec, v_codec, heads, head_dim, tokens)
-        page.k.write_parts(0, {n[2:]: t for n, t in parts.items() if n.startswith("k.")})
-        page.v.write_parts(0, {n[2:]: t for n, t in parts.items() if n.startswith("v.")})
+        k_parts, v_parts = split_prefixed(parts)
+        page.k.write_parts(0, k_parts)
+        page.v.write_parts(0, v_parts)
         return page
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+def prefixed(k_parts: dict[str, torch.Tensor], v_parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """K's and V's parts in one dict, as "k.<part>", "v.<part>" (the exported / disk form)."""
+    return {f"k.{n}": p for n, p in k_parts.items()} | {f"v.{n}": p for n, p in v_parts.items()}
+
+
+def split_prefixed(parts: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The inverse of prefixed: (K's parts, V's parts)."""
+    return ({n[2:]: p for n, p in parts.items() if n.startswith("k.")},
+            {n[2:]: p for n, p in parts.items() if n.startswith("v.")})

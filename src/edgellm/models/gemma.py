@@ -20,7 +20,7 @@ from torch import nn
 
 from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.kv.config import LayerSpec
-from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, norm_rope
+from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, head_norms, norm_rope, weights_of
 from edgellm.models.weights import Weights
 
 LOCAL_ROPE_BASE = 10_000.0  # Gemma 3's sliding layers; the file carries only the global base
@@ -84,8 +84,7 @@ class Attention(nn.Module):
         self.qkv_proj = w.linear(f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight")
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
         self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
-        self.q_norm, self.k_norm = (RMSNorm(w.vector(f"{prefix}.attn_{x}_norm.weight"), cfg.rms_eps)
-                                    if w.has(f"{prefix}.attn_{x}_norm.weight") else None for x in "qk")  # Gemma 3
+        self.q_norm, self.k_norm = head_norms(w, prefix, cfg.rms_eps)  # Gemma 3
         self.scale = cfg.query_pre_attn_scalar ** -0.5
         self.softcap = cfg.attn_softcap
         self.window = cfg.sliding_window if sliding else None
@@ -121,7 +120,7 @@ class Block(nn.Module):
         """What gemma_layer.c's struct points to, in its order (no q/k norms: Gemma 2)."""
         norms = [self.attn_norm, self.post_attn_norm, self.mlp_norm, self.post_mlp_norm, self.attn.q_norm,
                  self.attn.k_norm]
-        return [None if n is None else n.weight for n in norms]
+        return weights_of(norms)
 
 
 class Gemma(nn.Module):

@@ -41,6 +41,17 @@ class RMSNorm(nn.Module):
         return residual + self(y)
 
 
+def head_norms(w, prefix: str, eps: float) -> tuple[RMSNorm | None, RMSNorm | None]:
+    """The per-head RMSNorms of q and k a block's file holds (Qwen3, Gemma 3), else (None, None)."""
+    return tuple(RMSNorm(w.vector(f"{prefix}.attn_{x}_norm.weight"), eps) if w.has(f"{prefix}.attn_{x}_norm.weight")
+                 else None for x in "qk")
+
+
+def weights_of(norms) -> list[torch.Tensor | None]:
+    """Each norm's weight, None for an absent one (what a native layer struct points to)."""
+    return [None if n is None else n.weight for n in norms]
+
+
 class Rotary(nn.Module):
     """Rotary position embedding in the "rotate half" layout: dimension i pairs with i + d/2.
 
@@ -128,11 +139,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visibility, *, 
         return softcapped_attention(q, k, v, _mask(visibility, q.shape[2], k.shape[2]), scale, softcap)
     if isinstance(visibility, str) and q.shape[2] == k.shape[2]:  # a fresh prefill: the flash kernel's own causal path
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    if isinstance(visibility, str):  # CAUSAL, a later chunk: torch's is_causal aligns top-left, ours bottom-right
-        visibility = causal_mask(q.shape[2], k.shape[2])
-    elif isinstance(visibility, SlidingCausal):
-        visibility = causal_mask(q.shape[2], k.shape[2], visibility.window)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visibility, scale=scale, enable_gqa=True)
+    # a later chunk: torch's is_causal aligns top-left, ours bottom-right, so CAUSAL goes as a mask
+    mask = _mask(visibility, q.shape[2], k.shape[2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
 def _mask(visibility, t: int, s: int) -> torch.Tensor | None:

@@ -20,7 +20,8 @@ from torch import nn
 from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.formats.hf_names import PERMUTED_QK
 from edgellm.kv.config import LayerSpec
-from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, llama3_rope_factors, norm_rope
+from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, attention, head_norms, llama3_rope_factors, norm_rope,
+                                   weights_of)
 from edgellm.models.weights import Weights
 
 
@@ -135,8 +136,7 @@ class Attention(nn.Module):
         self.qkv_bias = w.bias(*(n.replace(".weight", ".bias") for n in names))  # Qwen2 has one
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
         self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
-        self.q_norm, self.k_norm = (RMSNorm(w.vector(f"{prefix}.attn_{x}_norm.weight"), cfg.rms_eps)
-                                    if w.has(f"{prefix}.attn_{x}_norm.weight") else None for x in "qk")  # Qwen3
+        self.q_norm, self.k_norm = head_norms(w, prefix, cfg.rms_eps)  # Qwen3
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
@@ -174,9 +174,8 @@ class Block(nn.Module):
 
     def native_vectors(self) -> list[torch.Tensor | None]:
         """What llama_layer.c's struct points to, in its order."""
-        a = self.attn
-        return [self.attn_norm.weight, self.mlp_norm.weight, a.qkv_bias,
-                None if a.q_norm is None else a.q_norm.weight, None if a.k_norm is None else a.k_norm.weight]
+        return [self.attn_norm.weight, self.mlp_norm.weight, self.attn.qkv_bias,
+                *weights_of([self.attn.q_norm, self.attn.k_norm])]
 
 
 class Llama(nn.Module):
