@@ -156,74 +156,63 @@ def test_a_hugging_face_folder_runs_exactly_like_transformers(arch, tmp_path):
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_llama3_rope_scaling_matches_transformers_from_a_folder_and_a_gguf(tmp_path):
+def _folder_and_gguf(tmp_path, reference, arch: str, weights, **gguf_options):
+    """The same weights opened as the saved transformers folder, then as a GGUF (llama.cpp's conventions)."""
     from edgellm.formats.hf import HFFolder
 
+    reference.save_pretrained(tmp_path / "hf")
+    path = write_gguf(tmp_path / "m.gguf", arch, weights, **gguf_options)
+    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
+        with source:
+            yield source
+
+
+def test_llama3_rope_scaling_matches_transformers_from_a_folder_and_a_gguf(tmp_path):
     weights = random_weights("llama")
     reference = hf_model("llama", weights, rope=LLAMA3_ROPE)
     with torch.inference_mode():
         expected = reference(TOKENS).logits[0]
         unscaled = hf_model("llama", weights)(TOKENS).logits[0]
     assert (expected - unscaled).abs().max() > 1e-2  # the scaling matters at these positions
-    reference.save_pretrained(tmp_path / "hf")
-    path = write_gguf(tmp_path / "m.gguf", "llama", weights, rope_freqs=llama3_rope_freqs(HEAD_DIM, 10000.0, LLAMA3_ROPE))
-    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
-        with source:
-            ours = _forward(build_model(source, VOCAB, "exact"), TOKENS)
+    freqs = llama3_rope_freqs(HEAD_DIM, 10000.0, LLAMA3_ROPE)
+    for source in _folder_and_gguf(tmp_path, reference, "llama", weights, rope_freqs=freqs):
+        ours = _forward(build_model(source, VOCAB, "exact"), TOKENS)
         torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_smollm3_leaves_rope_out_of_every_fourth_layer_like_transformers(tmp_path):
-    from edgellm.formats.hf import HFFolder
-
     weights = random_weights("smollm3", layers=4)
     reference = hf_model("smollm3", weights, layers=4)
     assert reference.config.no_rope_layers == [1, 1, 1, 0]
     with torch.inference_mode():
         expected = reference(TOKENS).logits[0]
-    reference.save_pretrained(tmp_path / "hf")
-    path = write_gguf(tmp_path / "m.gguf", "smollm3", weights, layers=4)
-    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
-        with source:
-            model = build_model(source, VOCAB, "exact")
-            assert model.config.rope_layers == (True, True, True, False)
-            ours = _forward(model, TOKENS)
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    for source in _folder_and_gguf(tmp_path, reference, "smollm3", weights, layers=4):
+        model = build_model(source, VOCAB, "exact")
+        assert model.config.rope_layers == (True, True, True, False)
+        torch.testing.assert_close(_forward(model, TOKENS), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_phi3_fused_weights_longrope_and_sliding_window_match_transformers(tmp_path):
-    from edgellm.formats.hf import HFFolder
-
     weights = random_weights("phi3")
     reference = hf_model("phi3", weights, sliding_window=8)  # TOKENS: 24 positions, so the window matters
     with torch.inference_mode():
         expected = reference(TOKENS).logits[0]
-    reference.save_pretrained(tmp_path / "hf")
-    path = write_gguf(tmp_path / "m.gguf", "phi3", weights, sliding_window=8)
-    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
-        with source:
-            model = build_model(source, VOCAB, "exact")
-            assert model.config.sliding_window == 8 and model.config.context_length == 64  # LongRoPE's short range
-            ours = _forward(model, TOKENS)
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    for source in _folder_and_gguf(tmp_path, reference, "phi3", weights, sliding_window=8):
+        model = build_model(source, VOCAB, "exact")
+        assert model.config.sliding_window == 8 and model.config.context_length == 64  # LongRoPE's short range
+        torch.testing.assert_close(_forward(model, TOKENS), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_phi3_loaded_for_a_long_context_uses_the_long_factors_like_transformers(tmp_path):
-    from edgellm.formats.hf import HFFolder
-
     long = torch.randint(2, VOCAB, (1, 80), generator=torch.Generator().manual_seed(2))  # past the original 64
     weights = random_weights("phi3")
     reference = hf_model("phi3", weights, sliding_window=8)
     with torch.inference_mode():
         expected = reference(long).logits[0]  # transformers switches to the long factors past 64 positions
-    reference.save_pretrained(tmp_path / "hf")
-    path = write_gguf(tmp_path / "m.gguf", "phi3", weights, sliding_window=8)
-    for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
-        with source:
-            model = build_model(source, VOCAB, "exact", context_length=256)
-            assert model.config.context_length == 256 and model.config.longrope[2] == "long"
-            ours = _forward(model, long)
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    for source in _folder_and_gguf(tmp_path, reference, "phi3", weights, sliding_window=8):
+        model = build_model(source, VOCAB, "exact", context_length=256)
+        assert model.config.context_length == 256 and model.config.longrope[2] == "long"
+        torch.testing.assert_close(_forward(model, long), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_iq4_nl_weights_load_and_run_in_fast_mode(tmp_path):
