@@ -1,8 +1,9 @@
 """llama.cpp's own fixtures, without a model download: the llama-cpp-python 0.3.36 source
 distribution (MIT) carries vocab-only GGUFs of real tokenizers with test strings and the ids
 they must give (`models/ggml-vocab-*.gguf` + `.inp` / `.out`) and ~70 real chat templates
-(`models/templates/*.jinja`). Fetched with pip once, unpacked into edgellm's cache; nothing of
-it is copied into the repository."""
+(`models/templates/*.jinja`), and llama.cpp's own converter (`convert_hf_to_gguf.py` with its
+`conversion/` package and `gguf-py`). Fetched with pip once, unpacked into edgellm's cache;
+nothing of it is copied into the repository."""
 from __future__ import annotations
 
 import os
@@ -18,15 +19,34 @@ from edgellm.atomic import atomic_path
 from edgellm.registry import cache_dir
 
 SDIST = "llama-cpp-python==0.3.36"
-_MODELS = "vendor/llama.cpp/models/"
+_VENDOR = "vendor/llama.cpp/"
+_MODELS = _VENDOR + "models/"
+_ROOT = ("fixtures", "llama-cpp-python-0.3.36")
 
 
 def models_dir() -> Path:
     """The unpacked `models/` folder (vocab GGUFs, their test vectors, templates/)."""
-    root = cache_dir() / "fixtures" / "llama-cpp-python-0.3.36"
+    root = cache_dir().joinpath(*_ROOT)
     if not (root / "complete").exists():
-        _unpack(_sdist(), root)
+        _unpack(_sdist(), root / "models", _MODELS, _is_model_fixture, root / "complete")
     return root / "models"
+
+
+def converter_script() -> Path:
+    """llama.cpp's `convert_hf_to_gguf.py`, beside the `conversion/` and `gguf-py/` it imports."""
+    root = cache_dir().joinpath(*_ROOT, "converter")
+    if not (root / "complete").exists():
+        _unpack(_sdist(), root, _VENDOR, _is_converter_file, root / "complete")
+    return root / "convert_hf_to_gguf.py"
+
+
+def _is_model_fixture(inner: str) -> bool:
+    return inner.startswith(_MODELS) and ("ggml-vocab-" in inner or inner.startswith(_MODELS + "templates/"))
+
+
+def _is_converter_file(inner: str) -> bool:
+    return inner == _VENDOR + "convert_hf_to_gguf.py" or inner.startswith(
+        (_VENDOR + "conversion/", _VENDOR + "gguf-py/gguf/"))
 
 
 def _sdist() -> Path:
@@ -45,17 +65,18 @@ def _sdist() -> Path:
     return found[0]
 
 
-def _unpack(sdist: Path, root: Path) -> None:
+def _unpack(sdist: Path, into: Path, prefix: str, wanted, marker: Path) -> None:
+    """Members of the sdist whose path (below its top folder) passes `wanted`, written under
+    `into` without `prefix`; `marker` last, so an interrupted unpack starts again."""
     with tarfile.open(sdist) as tar:
         for member in tar.getmembers():
             _, _, inner = member.name.partition("/")
-            if member.isfile() and inner.startswith(_MODELS) and (
-                    "ggml-vocab-" in inner or inner.startswith(_MODELS + "templates/")):
-                target = root / "models" / inner[len(_MODELS):]
+            if member.isfile() and wanted(inner):
+                target = into / inner[len(prefix):]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with atomic_path(target) as tmp:
                     tmp.write_bytes(tar.extractfile(member).read())
-    (root / "complete").touch()
+    marker.touch()
 
 
 def vocab_cases(name: str) -> list[tuple[str, list[int]]]:

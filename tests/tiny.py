@@ -77,11 +77,12 @@ def _sentencepiece_metadata(writer) -> None:
     writer.add_add_space_prefix(False)
 
 
-def random_weights(arch: str, seed: int = 0, head_dim: int = HEAD_DIM, layers: int = LAYERS) -> dict[str, torch.Tensor]:
-    """HF-named float32 tensors for a tiny model of `arch` (llama, qwen2, qwen3, gemma3)."""
+def random_weights(arch: str, seed: int = 0, head_dim: int = HEAD_DIM, layers: int = LAYERS,
+                   vocab: int = VOCAB) -> dict[str, torch.Tensor]:
+    """HF-named float32 tensors for a tiny model of `arch` (llama, qwen2, qwen3, smollm3, phi3, gemma2, gemma3)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape, s=0.08: torch.randn(*shape, generator=g) * s  # noqa: E731
-    w = {"model.embed_tokens.weight": r(VOCAB, HIDDEN, s=0.5), "model.norm.weight": 1 + r(HIDDEN, s=0.1)}
+    w = {"model.embed_tokens.weight": r(vocab, HIDDEN, s=0.5), "model.norm.weight": 1 + r(HIDDEN, s=0.1)}
     for i in range(layers):
         p = f"model.layers.{i}"
         w |= {f"{p}.self_attn.q_proj.weight": r(HEADS * head_dim, HIDDEN),
@@ -225,7 +226,8 @@ def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 
     parameters other than the default (e.g. LLAMA3_ROPE)."""
     import transformers
 
-    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=layers,
+    vocab = weights["model.embed_tokens.weight"].shape[0]
+    common = dict(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=layers,
                   num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=head_dim,
                   rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True)
     if arch == "gemma3":
