@@ -25,6 +25,7 @@ from tests.tiny import hf_model, random_weights
 TOKENIZERS = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "smollm3": "llama-bpe",
               "phi3": "phi-3", "gemma2": "llama-spm", "gemma3": "llama-spm"}
 SENTENCEPIECE = {"phi-3", "llama-spm"}
+SLIDING_WINDOW = 8  # Phi-3's and Gemma's, fewer than TEXT's tokens
 TEXT = "The converter wrote this file; edgellm reads it. 数字 12345, emoji 🦙 and code: def f(x): return x"
 
 pytestmark = pytest.mark.slow
@@ -124,7 +125,8 @@ def converted(request, tmp_path_factory, tokenizer_files):
     arch, folder = request.param, tmp_path_factory.mktemp(request.param)
     files, vocab = tokenizer_files(TOKENIZERS[arch])
     shutil.copytree(files, folder, dirs_exist_ok=True)
-    reference = hf_model(arch, random_weights(arch, vocab=vocab))
+    # 4 layers: SmolLM3's fourth has no RoPE
+    reference = hf_model(arch, random_weights(arch, vocab=vocab, layers=4), layers=4, sliding_window=SLIDING_WINDOW)
     reference.save_pretrained(folder)
     return (arch, reference, _convert(folder, folder / "f32.gguf", "f32"),
             _convert(folder, folder / "q8_0.gguf", "q8_0"))
@@ -170,3 +172,38 @@ def test_fast_mode_on_the_converters_q8_0_stays_close_to_exact(converted):
         exact = _logits(build_model(source, reference.config.vocab_size, "exact"), tokens)
         fast = _logits(build_model(source, reference.config.vocab_size, "fast"), tokens)
     assert (fast - exact).abs().max() < 0.03 * exact.abs().max() + 0.02
+
+
+def _llama_cpp(path: Path, tokens: list[int]) -> tuple[torch.Tensor, int]:
+    """llama.cpp's logits at every position (the bench extra's llama-cpp-python) and the context
+    it ran with (it rounds n_ctx up to 256, which picks Phi-3's long RoPE factors)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    llm.eval(tokens)
+    return torch.from_numpy(llm.scores[:len(tokens)].copy()), llm.n_ctx()
+
+
+def _ours_and_llama_cpps(arch: str, path: Path, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    with open_gguf(path) as source:
+        tokens = Tokenizer.from_gguf_metadata(source.metadata).encode(TEXT, add_special_tokens=False)
+        theirs, context = _llama_cpp(path, tokens)
+        ours = _logits(build_model(source, theirs.shape[1], mode, context_length=context), tokens)
+    if arch == "phi3":  # llama.cpp turns Phi-3's sliding window off (src/models/phi3.cpp); edgellm keeps
+        return ours[:SLIDING_WINDOW], theirs[:SLIDING_WINDOW]  # it, as transformers does
+    return ours, theirs
+
+
+def test_llama_cpp_computes_the_same_logits_as_exact_mode_on_the_converters_f32(converted):
+    arch, _, path, _ = converted
+    ours, theirs = _ours_and_llama_cpps(arch, path, "exact")
+    assert (ours - theirs).abs().max() < 2e-3 * theirs.abs().max()
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_llama_cpp_and_fast_mode_agree_on_the_converters_q8_0(converted):
+    # both quantize activations (llama.cpp to 8 bits, fast mode to bf16), so on a random model a
+    # few near-tied positions may go either way; a wrong block layout would differ by the whole range
+    arch, _, _, path = converted
+    ours, theirs = _ours_and_llama_cpps(arch, path, "fast")
+    assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
