@@ -51,6 +51,17 @@ def test_chat_uses_template_and_stops_at_end_of_turn(model):
     assert "4" in done.text and "<|im_end|>" not in done.text
 
 
+def test_chat_takes_tool_results_and_refuses_tools_its_template_cannot_write(model):
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}
+    conversation = [{"role": "user", "content": "What is 2 + 2?"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "4"}]
+    assert len(model.chat(conversation, max_tokens=4).token_ids) >= 1
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    with pytest.raises(InvalidRequest, match="does not take tool definitions"):
+        model.chat(conversation[:1], tools=[tool], max_tokens=4)
+
+
 def test_stop_string_ends_generation_and_is_not_returned(model):
     free = model.generate("1, 2, 3, 4, 5,", max_tokens=20).text
     assert " 7," in free  # the model counts on; now stop on a string spanning tokens

@@ -10,7 +10,7 @@ encoded with add_special_tokens=False; `encode_chat` does that and adds BOS only
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -18,10 +18,9 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from edgellm.chat_messages import validate_messages, validate_tools
 from edgellm.errors import InvalidRequest, TokenizerError
 from edgellm.tokenizer import Tokenizer
-
-ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 # Gemma's turn format, for Gemma GGUFs that ship no template: BOS, the system message folded
 # into the first user turn, roles strictly alternating from user, assistant called "model".
@@ -94,25 +93,6 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def validate_messages(messages: Any) -> list[dict[str, str]]:
-    """Plain {'role', 'content'} string dicts, or InvalidRequest saying what is wrong."""
-    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
-        raise InvalidRequest("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
-    return [_validate_message(i, m) for i, m in enumerate(messages)]
-
-
-def _validate_message(index: int, message: Any) -> dict[str, str]:
-    if not isinstance(message, Mapping):
-        raise InvalidRequest(f"messages[{index}] must be an object, got {type(message).__name__}")
-    role, content = message.get("role"), message.get("content")
-    if not isinstance(role, str) or role not in ROLES:
-        raise InvalidRequest(f"messages[{index}].role must be one of {sorted(ROLES)}, got {role!r}")
-    if not isinstance(content, str):
-        raise InvalidRequest(f"messages[{index}].content must be a string, got {type(content).__name__}")
-    # Only the validated fields reach the template, so nothing else can steer it.
-    return {"role": role, "content": content}
-
-
 class ChatTemplate:
     """A compiled chat template bound to the tokenizer whose special tokens it writes."""
 
@@ -140,25 +120,36 @@ class ChatTemplate:
     def _token_text(self, token_id: int | None) -> str:
         return self.tokenizer.id_to_token(token_id) if token_id is not None else ""
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template writes tool definitions (Qwen2.5/3, Llama 3.1+, Hermes, SmolLM3, ...)."""
+        return "tools" in self.source
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> str:
         """Prompt text. It may contain BOS text already: encode it with add_special_tokens=False
-        (or use encode_chat)."""
-        plain = validate_messages(messages)
+        (or use encode_chat). `tools`: OpenAI tool definitions, for templates that take them."""
+        plain, tools = validate_messages(messages), validate_tools(tools)
+        if tools and not self.takes_tools:
+            raise InvalidRequest(f"this model's chat template ({self.origin}) does not take tool definitions")
         try:
             return self._template.render(
                 messages=plain,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._token_text(self.tokenizer.bos_id),
                 eos_token=self._token_text(self.tokenizer.eos_id),
             )
         except _TemplateRejected as e:
             raise InvalidRequest(f"the chat template rejected the conversation: {e}") from None
-        except jinja2.TemplateError as e:
-            raise TokenizerError(f"chat template failed to render: {e}") from None
+        except Exception as e:  # a stranger's template may fail any way on a conversation it did not expect
+            raise TokenizerError(f"chat template failed to render: {type(e).__name__}: {e}") from None
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         """Prompt token ids, with exactly one BOS when the model wants one."""
-        ids = self.tokenizer.encode(self.render(messages, add_generation_prompt), add_special_tokens=False)
+        text = self.render(messages, add_generation_prompt, tools)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and (not ids or ids[0] != bos):
             ids.insert(0, bos)

@@ -86,9 +86,12 @@ class Model:
     def generate(self, prompt: str | Sequence[int], **sampling: Any) -> Completion:
         return last_completion(self.stream(prompt, **sampling))
 
-    def chat(self, messages: Sequence[Message], *, stream: bool = False, **sampling: Any):
-        """Render the conversation with the model's chat template and answer it."""
-        events = self._stream_ids(self.template.encode_chat(messages), sampling)
+    def chat(self, messages: Sequence[Message], *, stream: bool = False, tools: Sequence[dict] | None = None,
+             **sampling: Any):
+        """Render the conversation with the model's chat template and answer it. Messages may
+        carry OpenAI tool calls and tool results; `tools`: OpenAI tool definitions, for models
+        whose template takes them (InvalidRequest otherwise)."""
+        events = self._stream_ids(self.template.encode_chat(messages, tools=tools), sampling)
         return events if stream else last_completion(events)
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
