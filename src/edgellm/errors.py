@@ -31,6 +31,10 @@ class UnsupportedModel(EdgeLLMError):
     """A valid file whose architecture or tensor type edgellm cannot run."""
 
 
+class DraftMismatch(UnsupportedModel):
+    """A speculative draft model that cannot draft for this target (another vocabulary)."""
+
+
 class InvalidRequest(EdgeLLMError):
     """Bad generation arguments (negative max_tokens, top_p outside (0, 1], ...)."""
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -13,15 +13,19 @@ from edgellm.formats import load_tokenizer, open_model
 from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_large_frees_to_os, reuse_freed_pages, return_freed_heap
+from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
+from edgellm.generate.drafters import Drafter, DraftModel, PromptLookup
 from edgellm.generate.generator import Generation
+from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix
-from edgellm.models import build_model, layer_specs
+from edgellm.models import build_model, first_layers, layer_specs
 from edgellm.registry import resolve
 from edgellm.threads import configure_threads
 
 Message = dict[str, str]
+SPECULATIVE = ("lookup", "draft", "self")  # drafters (generate/drafters.py); None / "off": plain decoding
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,11 @@ class Model:
     """A loaded model: weights mapped from the file, tokenizer and chat template from its metadata."""
 
     def __init__(self, source: GGUFFile, mode: str = "fast", context_length: int | None = None,
-                 kv: KVConfig | None = None):
+                 kv: KVConfig | None = None, speculative: str | None = None):
+        self.speculative = _speculative_kind(speculative)  # the default for every generation
+        self.draft: Model | None = None  # for speculative="draft" (attach_draft)
+        self.self_draft_layers: int | None = None  # for speculative="self"; None: half the layers
+        self._self_draft: tuple[int, Any, KVManager] | None = None
         self.source, self.path = source, Path(source.path)
         self.tokenizer = load_tokenizer(source)
         return_freed_heap()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
@@ -95,14 +103,61 @@ class Model:
         return events if stream else last_completion(events)
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
-        return stream_generate(self.net, ids, _params(sampling), **self._options())
+        kind = _speculative_kind(sampling.pop("speculative", self.speculative))
+        params = _params(sampling)
+        return stream_generate(self.net, ids, params, drafter=self.drafter(kind, params), **self._options())
+
+    # -- speculative decoding ---------------------------------------------------------------
+
+    def attach_draft(self, draft: Model) -> None:
+        """Use `draft` for speculative="draft"; it must share this model's vocabulary."""
+        mine, theirs = self.tokenizer, draft.tokenizer
+        same = mine.vocab_size == theirs.vocab_size and all(
+            mine.token_bytes(i) == theirs.token_bytes(i) for i in range(mine.vocab_size))
+        if not same:
+            raise DraftMismatch(f"the draft {draft.path.name} ({theirs!r}) does not share the vocabulary of "
+                                f"{self.path.name} ({mine!r}): its guesses would be other tokens")
+        self.draft = draft
+
+    def drafter(self, kind: str | None, params: SamplingParams) -> Drafter | None:
+        """A fresh drafter of `kind` for one generation (None: plain decoding)."""
+        if kind is None:
+            return None
+        if kind == "lookup":
+            return PromptLookup()
+        sampler = None
+        if params.temperature >= GREEDY_BELOW:  # the draft samples too, from its own stream of numbers
+            seed = None if params.seed is None else (params.seed + 1) % 2**63
+            sampler = Sampler(replace(params, seed=seed))
+        if kind == "draft":
+            if self.draft is None:
+                raise InvalidRequest("speculative='draft' needs a draft model: load(..., draft=PATH) or --draft PATH")
+            return DraftModel(self.draft.net, self.draft.kv, sampler, "draft")
+        net, kv = self._self_draft_parts()
+        return DraftModel(net, kv, sampler, "self")
+
+    def _self_draft_parts(self) -> tuple[Any, KVManager]:
+        """The first layers of this model as a draft, and a KV manager of their own (built once)."""
+        n = self.self_draft_layers or max(1, self.config.n_layers // 2)
+        if self._self_draft is None or self._self_draft[0] != n:
+            net = first_layers(self.net, n)
+            kv = KVManager(net.cache_specs(), self.kv.config, self.context_length, salt=f"{self.kv.salt}|first{n}")
+            self._self_draft = (n, net, kv)
+        return self._self_draft[1], self._self_draft[2]
 
     def generation(self, prompt, *, chat: bool = False, kv: str | None = None, **sampling: Any) -> Generation:
         """A step-wise generation (prefill / accept) for engines that batch decode steps;
         `kv` picks this request's KV precision ("int8", "f16:int4"; default the model's),
-        served from the model's one block pool and budget."""
+        served from the model's one block pool and budget; `speculative` as in generate (an
+        engine speculates when the generation decodes alone)."""
         ids = self.template.encode_chat(prompt) if chat else self._ids(prompt)
-        return Generation(self.net, ids, _params(sampling), **self._options(kv))
+        kind = _speculative_kind(sampling.pop("speculative", self.speculative))
+        params = _params(sampling)
+        generation = Generation(self.net, ids, params, **self._options(kv))
+        drafter = self.drafter(kind, params)
+        if drafter is not None:
+            generation.speculate(drafter)
+        return generation
 
     def kv_for(self, precision: str | None = None) -> KVManager:
         """The KV manager of a precision ("int8", "f16:int4"; None: the model's default)."""
@@ -173,6 +228,14 @@ class Model:
         self.close()
 
 
+def _speculative_kind(kind: str | None) -> str | None:
+    if kind in (None, "", "off"):
+        return None
+    if kind not in SPECULATIVE:
+        raise InvalidRequest(f"speculative must be one of {', '.join(SPECULATIVE)} or off, got {kind!r}")
+    return kind
+
+
 def _params(sampling: dict[str, Any]) -> SamplingParams:
     stop = sampling.get("stop")
     stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
@@ -180,8 +243,6 @@ def _params(sampling: dict[str, Any]) -> SamplingParams:
 
 
 def _fit_budget(source: GGUFFile, budget, context_length: int | None, kv: KVConfig | None) -> tuple[int, KVConfig]:
-    from dataclasses import replace
-
     from edgellm.errors import OutOfMemoryBudget
     from edgellm.planner import plan
 
@@ -202,21 +263,27 @@ def last_completion(events: Iterator[GenerationEvent]) -> Completion:
 
 def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threads: int | None = None,
          context_length: int | None = None, kv: KVConfig | None = None,
-         memory_budget: int | str | None = None) -> Model:
+         memory_budget: int | str | None = None, speculative: str | None = None,
+         draft: str | Path | Model | None = None) -> Model:
     """Load a registered model name, a .gguf file, a Hugging Face folder or an edgellm
     quantized file (`edgellm quantize`).
 
     mode "fast" keeps 4-bit weights packed and multiplies in bf16; "exact" dequantizes
     everything to fp32 (slow; the reference for parity checks). With memory_budget ("1.5GB"),
     the planner picks the context and KV precision that fit and the KV pool enforces it:
-    work that would exceed it raises OutOfMemoryBudget instead of the process being killed."""
+    work that would exceed it raises OutOfMemoryBudget instead of the process being killed.
+
+    speculative ("lookup", "draft", "self"; default off) makes it every generation's default;
+    `draft` (a name, path or loaded Model with the same vocabulary) is the draft model."""
     configure_threads(threads)
     return_large_frees_to_os()
     source = open_model(resolve(name_or_path))
     try:
         if memory_budget is not None:
             context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
-        model = Model(source, mode, context_length, kv)
+        model = Model(source, mode, context_length, kv, speculative)
+        if draft is not None:
+            model.attach_draft(draft if isinstance(draft, Model) else load(draft, mode=mode, context_length=context_length))
     except BaseException:
         source.close()
         raise

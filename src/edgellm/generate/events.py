@@ -17,6 +17,20 @@ class Timings:
     peak_rss_bytes: int
     kv_bytes: int = 0  # KV cache held at the end of generation (this sequence)
     prefix_hit_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    speculative: str = ""  # the drafter ("lookup", "draft", "self"); "" without speculation
+    drafted_tokens: int = 0  # speculative guesses checked by the model
+    accepted_tokens: int = 0  # guesses it kept
+    target_passes: int = 0  # decode passes of the model (a check of several guesses is one)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Generated tokens per decode pass (1.0 without speculation)."""
+        steps = self.completion_tokens - 1
+        return steps / self.target_passes if self.target_passes and steps > 0 else 1.0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -29,8 +43,10 @@ class Timings:
 
     def as_dict(self) -> dict[str, float]:
         """The measured fields and the rates derived from them (for JSON output)."""
-        return {**{f.name: getattr(self, f.name) for f in fields(self)},
-                "prefill_tokens_per_s": self.prefill_tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s}
+        rates = {"prefill_tokens_per_s": self.prefill_tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s}
+        if self.speculative:
+            rates |= {"acceptance_rate": self.acceptance_rate, "tokens_per_pass": self.tokens_per_pass}
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, **rates}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ import torch
 
 from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenEvent
+from edgellm.generate.drafters import Drafter
 from edgellm.generate.sampling import Sampler, SamplingParams
+from edgellm.generate.speculative import Speculator
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
 from edgellm.kv import BatchKV, KVManager, SequenceKV
 from edgellm.memory import peak_rss_bytes, return_freed_heap
@@ -59,6 +61,7 @@ class Generation:
         self.prefill_done = self.first_token_at = self.start
         self.next_token: int | None = None  # to feed the next decode step
         self.completion: Completion | None = None
+        self.speculator: Speculator | None = None  # decode steps check a drafter's guesses (speculate())
 
     @property
     def done(self) -> bool:
@@ -98,7 +101,10 @@ class Generation:
         """Sample from one position's logits; returns the events this step releases."""
         if len(self.generated) >= self.budget:
             return [self.finish("length", None)]
-        token = self.sampler(logits, self.history)
+        return self.emit(self.sampler(logits, self.history))
+
+    def emit(self, token: int) -> list[GenerationEvent]:
+        """Take `token` as the next one (sampled, or a verified speculative guess)."""
         if not self.generated:
             self.first_token_at = time.perf_counter()
         if token in self.eos_ids and not self.params.ignore_eos:
@@ -126,14 +132,38 @@ class Generation:
             prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.generated),
             ttft_s=self.first_token_at - self.start, prefill_s=self.prefill_done - self.start,
             decode_s=end - self.first_token_at, peak_rss_bytes=peak_rss_bytes(), kv_bytes=self.seq.nbytes,
-            prefix_hit_tokens=self.reused)
+            prefix_hit_tokens=self.reused, **self._speculation_timings())
         self.completion = Completion(reason, "".join(self.pieces) + tail, tuple(self.generated), tail, timings, stop)
         self.close()
         return self.completion
 
+    def speculate(self, drafter: Drafter) -> None:
+        """Check `drafter`'s guesses at decode steps (generate/speculative.py): the same text in
+        fewer passes. Not under a window sliding over the whole sequence (it cannot take back
+        rejected guesses): there decoding stays plain."""
+        if self.kv.config.max_tokens is None:
+            self.speculator = Speculator(drafter)
+        else:
+            drafter.close()
+
+    def decode(self) -> list[GenerationEvent]:
+        """One decode step of this sequence alone (speculative where it speculates)."""
+        if self.speculator is not None:
+            return self.speculator.step(self.model, self)
+        return self.accept(decode_step(self.model, [self])[0])
+
+    def _speculation_timings(self) -> dict:
+        if self.speculator is None:
+            return {}
+        stats = self.speculator.stats
+        return dict(speculative=self.speculator.drafter.name, drafted_tokens=stats.drafted,
+                    accepted_tokens=stats.accepted, target_passes=stats.passes)
+
     def close(self) -> None:
         """Return the sequence's KV (idempotent), and the heap pages its prefill freed
         (~50 MB for a long Gemma prompt; glibc keeps them otherwise; ~0.1 ms)."""
+        if self.speculator is not None:
+            self.speculator.close()
         if self.seq.layers:
             self.seq.release()
             return_freed_heap()
@@ -175,19 +205,22 @@ def decode_with_prompt_chunk(model: CausalLM, generations: list[Generation], new
     return logits[:-1], newcomer.prompt_advanced(len(piece), logits[-1])
 
 
-def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, **options) -> Iterator[GenerationEvent]:
+def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, *,
+                    drafter: Drafter | None = None, **options) -> Iterator[GenerationEvent]:
     """Yields a TokenEvent per generated token, then one Completion. The sequence's KV is
-    released when the generator finishes or is closed early."""
+    released when the generator finishes or is closed early. With a drafter, decode steps
+    check its guesses (generate/speculative.py): the same text, fewer passes."""
     generation = Generation(model, prompt_ids, params, **options)
+    if drafter is not None:
+        generation.speculate(drafter)
     try:
         with torch.inference_mode():
-            logits = generation.prefill()
+            events = generation.accept(generation.prefill())
             while True:
-                events = generation.accept(logits)
                 yield from events
                 if generation.done:
                     return
-                logits = decode_step(model, [generation])[0]
+                events = generation.decode()
     finally:
         generation.close()
 

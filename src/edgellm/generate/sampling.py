@@ -103,12 +103,25 @@ class Sampler:
         self.generator.manual_seed(params.seed if params.seed is not None else torch.seed())
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+        probs = self.probs(logits, history)
+        return greedy(self._penalized(logits, history)) if probs is None else self.draw(probs)
+
+    def probs(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor | None:
+        """The distribution the next token is drawn from (penalty, temperature, top-k/p, min-p
+        applied); None under greedy decoding."""
         p = self.params
+        if p.temperature < GREEDY_BELOW:
+            return None
+        logits = keep_min_p(keep_top_p(keep_top_k(self._penalized(logits, history) / p.temperature, p.top_k), p.top_p),
+                            p.min_p)
+        return logits.softmax(-1)
+
+    def draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def _penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         logits = logits.float()
+        p = self.params
         if p.repetition_penalty != 1.0 and history:
             logits = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), p.repetition_penalty)
-        if p.temperature < GREEDY_BELOW:
-            return greedy(logits)
-        logits = keep_min_p(keep_top_p(keep_top_k(logits / p.temperature, p.top_k), p.top_p), p.min_p)
-        probs = logits.softmax(-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return logits

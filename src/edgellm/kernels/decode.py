@@ -169,12 +169,13 @@ class FusedDecoder:
         logits = self.step_rows([(layers, [int(t)]) for layers, t in zip(per_seq, tokens[:, 0])])
         return None if logits is None else logits.unsqueeze(1)
 
-    def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]]) -> torch.Tensor | None:
+    def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False) -> torch.Tensor | None:
         """One native call per layer for several sequences' next tokens: (a sequence's per-layer
-        caches, its tokens), one token for a decode step or a few for a prompt chunk (rows of one
-        sequence are written and attended in order, so each sees the ones before it: causal).
-        At most MAX_SEQS rows in all. Returns (len(work), V) logits of each entry's last token,
-        or None if the caches do not fit."""
+        caches, its tokens), one token for a decode step or a few for a prompt chunk or a
+        speculative check (rows of one sequence are written and attended in order, so each sees
+        the ones before it: causal). At most MAX_SEQS rows in all. Returns (len(work), V) logits
+        of each entry's last token (every_row: (rows, V), each row's), or None if the caches do
+        not fit."""
         rows = [(layers, layers[0].offset + j, t) for layers, tokens in work for j, t in enumerate(tokens)]
         m = len(rows)
         if not 0 < m <= MAX_SEQS or not self._fits(work):
@@ -196,8 +197,8 @@ class FusedDecoder:
                                _p(sin.data_ptr()), slots, positions, buf, scratch, ctypes.c_int(threads))
             for layers, _, _ in rows:
                 layers[i].mark_written(1)
-        last = torch.tensor(list(_last_rows(work)))
-        return self.net.head(x[last].view(len(work), 1, -1))[:, 0]
+        picked = torch.arange(m) if every_row else torch.tensor(list(_last_rows(work)))
+        return self.net.head(x[picked].view(len(picked), 1, -1))[:, 0]
 
     def _fits(self, work) -> bool:
         for layers, tokens in work:

@@ -40,6 +40,7 @@ class KVCache(Protocol):
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Visibility]: ...
     def evict(self, start: int, n: int) -> None: ...
     def trim(self, n: int) -> int: ...
+    def keep_overwritten(self, n: int) -> None: ...  # before writing n tokens that trim(n) may undo
     def export(self, start: int, end: int) -> dict[str, torch.Tensor]: ...
     def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None: ...
     @property
@@ -115,6 +116,9 @@ class DenseCache:
         n = min(n, self.offset)
         self._shrink(self.offset - n)
         return n
+
+    def keep_overwritten(self, n: int) -> None:
+        """Nothing to keep: new tokens never overwrite older ones here."""
 
     def _shrink(self, tokens: int) -> None:
         """Hold `tokens` tokens; whole pages beyond them go."""
@@ -220,6 +224,7 @@ class RingCache:
         self.rotate = rotate
         self.offset = 0
         self.used_slots = 0  # slots 0..used_slots-1 have ever been written; attention skips the rest
+        self._kept = None  # what keep_overwritten() saved: (first position, slots, positions, K and V parts)
 
     def reserve(self, tokens: int) -> None:
         """Nothing to do: the ring's slots are allocated up front."""
@@ -274,11 +279,34 @@ class RingCache:
         self.positions[live] -= n
         self.offset -= n
 
+    def keep_overwritten(self, n: int) -> None:
+        """Copy the slots the next n tokens will overwrite, so that trim(n) can give the older
+        tokens back (speculative decoding writes guesses that may be rejected)."""
+        slots = torch.arange(self.offset, self.offset + min(n, self.window)) % self.window
+        self._kept = (self.offset, slots, self.positions[slots].clone(),
+                      [{name: part[:, :, slots].clone() for name, part in store.parts.items()} for store in (self.k, self.v)])
+
     def trim(self, n: int) -> int:
         n = min(n, self.offset)
         self.positions[self.positions >= self.offset - n] = -1
         self.offset -= n
+        self._restore_kept()
         return n
+
+    def _restore_kept(self) -> None:
+        """Put back the kept slots no token at or after the offset needs."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return
+        start, slots, positions, parts = kept
+        back = torch.arange(start, start + len(slots)) >= self.offset  # slots of trimmed tokens
+        if not bool(back.any()):
+            return
+        slots = slots[back]
+        for store, saved in zip((self.k, self.v), parts):
+            for name, value in saved.items():
+                store.parts[name][:, :, slots] = value[:, :, back]
+        self.positions[slots] = positions[back]
 
     def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
         slots = self._slots(start, end)

@@ -71,6 +71,11 @@ class SequenceKV:
         self._free_surplus()
         return n
 
+    def keep_overwritten(self, n: int) -> None:
+        """Before writing n tokens that may be trimmed again: rings keep what they overwrite."""
+        for layer in self.layers:
+            layer.keep_overwritten(n)
+
     def _growing_blocks(self, tokens: int) -> int:
         return -(-tokens // self.config.block_size)
 

@@ -1,9 +1,12 @@
 """One file per architecture family; `build_model` picks the class from the file's metadata."""
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 from torch import nn
 
-from edgellm.errors import UnsupportedModel
+from edgellm.errors import InvalidRequest, UnsupportedModel
 from edgellm.models.gemma import Gemma, GemmaConfig
 from edgellm.models.llama import Llama, LlamaConfig
 from edgellm.models.weights import TensorSource, Weights
@@ -45,3 +48,21 @@ def layer_specs(metadata) -> list:
     window = getattr(config, "sliding_window", None)
     return [LayerSpec(config.n_kv_heads, config.head_dim, window if sliding(i) else None, None)
             for i in range(config.n_layers)]
+
+
+def first_layers(net: nn.Module, n: int) -> nn.Module:
+    """The model's first n blocks under its own embedding, final norm and head: the
+    self-speculative draft. It shares every weight; only its KV cache is its own."""
+    from edgellm.kernels.decode import FusedDecoder
+
+    if not 0 < n < len(net.blocks):
+        raise InvalidRequest(f"a self-speculative draft takes 1 to {len(net.blocks) - 1} layers, got {n}")
+    draft = copy.copy(net)
+    draft._modules = dict(net._modules)  # a copy's own submodule table, holding the same modules
+    draft._modules["blocks"] = nn.ModuleList(list(net.blocks)[:n])
+    config = replace(net.config, n_layers=n)
+    if getattr(config, "rope_layers", None):
+        config = replace(config, rope_layers=config.rope_layers[:n])
+    draft.config = config
+    draft.decoder = FusedDecoder.build(draft, net.mode)
+    return draft

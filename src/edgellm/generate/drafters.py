@@ -1,0 +1,111 @@
+"""Drafters for speculative decoding: cheap guesses of the next k tokens, which the target model
+then checks in one pass (generate/speculative.py).
+
+* PromptLookup — no model: continue the longest recent n-gram of the context that occurred
+  before (summaries, rewrites, RAG answers and code edits copy spans of their prompt).
+* DraftModel — a smaller model with the same vocabulary (or the target's first layers: the
+  self-speculative draft), decoding greedily or by sampling on its own KV cache, rolled back
+  when the target rejects its guesses.
+
+A drafter sees the whole context (prompt + accepted tokens) at every call and keeps nothing the
+target has not accepted."""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+from edgellm.generate.sampling import Sampler
+from edgellm.kv import KVManager, SequenceKV
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+        """Up to k guessed next tokens after `context`, and the probabilities they were drawn
+        with ((len, V); None: chosen deterministically, i.e. q is one-hot)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class PromptLookup:
+    """Find the most recent earlier occurrence of the context's last n tokens (n from
+    `max_ngram` down to `min_ngram`) and propose what followed it."""
+
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], None]:
+        ids = list(context)
+        for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
+            start = _last_earlier_match(ids, ids[-n:])
+            if start is not None:
+                return ids[start + n:start + n + k], None
+        return [], None
+
+    def close(self) -> None:
+        pass
+
+
+def _last_earlier_match(ids: list[int], pattern: list[int]) -> int | None:
+    """Start of the last occurrence of `pattern` in ids that ends before ids' own end."""
+    n, first = len(pattern), pattern[0]
+    for start in range(len(ids) - n - 1, -1, -1):
+        if ids[start] == first and ids[start:start + n] == pattern:
+            return start
+    return None
+
+
+class DraftModel:
+    """A model drafting for a target with the same vocabulary. Its KV cache follows the accepted
+    context: each call first feeds what the draft has not seen, then decodes k tokens, then
+    forgets them again (the target decides which stay)."""
+
+    name = "draft"
+
+    def __init__(self, net, kv: KVManager, sampler: Sampler | None = None, name: str = "draft"):
+        self.net, self.kv, self.sampler, self.name = net, kv, sampler, name
+        self.seq: SequenceKV | None = None
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+        from edgellm.generate.generator import prefill
+
+        if self.seq is None:
+            self.seq, _ = self.kv.new_sequence([])
+        seen = self._common_prefix(context)
+        self.seq.trim(self.seq.offset - seen)
+        logits = prefill(self.net, self.seq, list(context[seen:]))
+        drafted, probs = [], []
+        for i in range(k):
+            token, p = self._pick(logits, list(context) + drafted)
+            drafted.append(token)
+            if p is not None:
+                probs.append(p)
+            if i + 1 < k:
+                logits = prefill(self.net, self.seq, [token])
+        return drafted, (torch.stack(probs) if probs else None)
+
+    def _common_prefix(self, context: Sequence[int]) -> int:
+        held = self.seq.token_ids
+        n = min(len(held), len(context) - 1)  # the last context token must be fed for its logits
+        same = 0
+        while same < n and held[same] == context[same]:
+            same += 1
+        return same
+
+    def _pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None]:
+        if self.sampler is None:
+            return int(logits.argmax()), None
+        probs = self.sampler.probs(logits, history)
+        if probs is None:  # greedy
+            return int(logits.argmax()), None
+        return self.sampler.draw(probs), probs
+
+    def close(self) -> None:
+        if self.seq is not None:
+            self.seq.release()
+            self.seq = None

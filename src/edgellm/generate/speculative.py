@@ -1,0 +1,151 @@
+"""Speculative decoding: a drafter guesses k tokens, the target checks them in one pass.
+
+Decode reads every weight once per token; the target's pass over [next token, k guesses] reads
+them once for up to k + 1 tokens (kernels/decode.py runs those rows as one native call). Each
+guess is judged as plain decoding would have chosen, so the text is the target's own:
+
+* greedy: the target's token at each position (its sampler: repetition penalty included) is
+  taken; guesses stay accepted while they equal it; the first difference is the correction.
+* sampling (Leviathan et al., 2023): guess d drawn with probability q(d) is kept with
+  probability min(1, p(d)/q(d)); on rejection the token is drawn from normalize(max(0, p - q)).
+  The output distribution is exactly the target's p. A deterministic guess has q one-hot.
+
+The KV of rejected guesses is trimmed (rings give back what the guesses overwrote). The draft
+length adapts to the acceptance rate, and speculation pauses while it does not pay: seconds per
+token with and without it are measured as generation goes."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from edgellm.generate.drafters import Drafter
+from edgellm.generate.events import GenerationEvent
+
+MAX_DRAFT = 7  # + the token before them: kernels/decode.py's MAX_SEQS rows in one native call
+
+
+@dataclass
+class SpeculationStats:
+    drafted: int = 0  # guesses checked
+    accepted: int = 0  # guesses the target kept
+    passes: int = 0  # target passes (verifications and plain steps)
+    tokens: int = 0  # tokens those passes produced
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / self.passes if self.passes else 0.0
+
+
+class AdaptiveSpeculation:
+    """Draft length from the running acceptance, and plain decoding while it is faster: each
+    mode's seconds per token is a running mean; after a few speculative steps slower than plain
+    ones, speculation pauses for `retry_every` steps, then is measured afresh (acceptance
+    changes with the text)."""
+
+    def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, judge_after: int = 4):
+        self.max_draft, self.k = max_draft, min(start, max_draft)
+        self.retry_every, self.judge_after = retry_every, judge_after
+        self.cost: dict[str, float | None] = {"spec": None, "plain": None}  # seconds per token
+        self.steps = {"spec": 0, "plain": 0}  # since the mode was last (re)started
+        self.plain_left = 2  # plain decoding first: the yardstick
+
+    def draft_length(self) -> int:
+        """Guesses to make now; 0: take a plain step."""
+        if self.plain_left > 0:
+            self.plain_left -= 1
+            return 0
+        return self.k
+
+    def record(self, mode: str, seconds: float, tokens: int, drafted: int = 0, accepted: int = 0) -> None:
+        self.steps[mode] += 1
+        if mode == "spec":
+            if accepted == drafted:
+                self.k = min(self.k + 1, self.max_draft)
+            elif accepted < drafted // 2:
+                self.k = max(1, self.k - 1)
+            if self.steps["spec"] == 1:
+                return  # a draft model's first call also reads the prompt: not a step's cost
+        old, per_token = self.cost[mode], seconds / max(tokens, 1)
+        self.cost[mode] = per_token if old is None else 0.7 * old + 0.3 * per_token
+        plain, spec = self.cost["plain"], self.cost["spec"]
+        if mode == "spec" and self.steps["spec"] > self.judge_after and plain is not None and spec > plain:
+            self.plain_left, self.cost["spec"], self.steps["spec"] = self.retry_every, None, 0
+
+
+def verify(model, seq, tokens: list[int]) -> torch.Tensor:
+    """Run `tokens` (the next token and the guesses after it) through the target into `seq`;
+    returns every position's logits (len(tokens), V)."""
+    seq.prepare(len(tokens))
+    seq.keep_overwritten(len(tokens))
+    decoder = getattr(model, "decoder", None)
+    logits = decoder.step_rows([(seq.layers, tokens)], every_row=True) if decoder is not None else None
+    if logits is None:
+        logits = model(torch.tensor([tokens]), seq)[0]
+    seq.advance(tokens)
+    return logits
+
+
+def choose(generation, logits: torch.Tensor, guess: int, q: torch.Tensor | None) -> int:
+    """The token plain decoding stands in for at this position, given the guess."""
+    sampler = generation.sampler
+    p = sampler.probs(logits, generation.history)
+    if p is None:  # greedy
+        return sampler(logits, generation.history)
+    q_guess = 1.0 if q is None else float(q[guess])
+    if q_guess > 0 and float(torch.rand((), generator=sampler.generator)) * q_guess < float(p[guess]):
+        return guess
+    residual = p.clone()
+    if q is None:
+        residual[guess] = 0.0
+    else:
+        residual = (residual - q).clamp_(min=0.0)
+    if float(residual.sum()) <= 0:  # p == q: nothing left to correct towards
+        return sampler.draw(p)
+    return sampler.draw(residual / residual.sum())
+
+
+class Speculator:
+    """One generation's speculation: its drafter, the adaptive policy and the counts."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter, self.policy, self.stats = drafter, AdaptiveSpeculation(), SpeculationStats()
+
+    def step(self, model, generation) -> list[GenerationEvent]:
+        """A plain decode step or a verified draft; the events it releases."""
+        from edgellm.generate.generator import decode_step  # generator.py imports this module
+
+        started = time.perf_counter()
+        k = min(self.policy.draft_length(), generation.budget - len(generation.generated) - 1)
+        guesses, q = self.drafter.propose(generation.history, k) if k > 0 else ([], None)
+        if not guesses:
+            events = generation.accept(decode_step(model, [generation])[0])
+            self._count(time.perf_counter() - started, "plain", 0, 0)
+            return events
+        logits = verify(model, generation.seq, [generation.next_token] + guesses)
+        events, kept = [], 0
+        for i, guess in enumerate(guesses):
+            token = choose(generation, logits[i], guess, None if q is None else q[i])
+            events += generation.emit(token)
+            if generation.done or token != guess:
+                break
+            kept += 1
+        else:
+            events += generation.accept(logits[len(guesses)])  # all kept: the target's next one is free
+        if not generation.done:
+            generation.seq.trim(len(guesses) - kept)
+        self._count(time.perf_counter() - started, "spec", len(guesses), kept)
+        return events
+
+    def _count(self, seconds: float, mode: str, drafted: int, kept: int) -> None:
+        s = self.stats
+        s.drafted, s.accepted, s.passes, s.tokens = s.drafted + drafted, s.accepted + kept, s.passes + 1, s.tokens + kept + 1
+        self.policy.record(mode, seconds, kept + 1, drafted, kept)
+
+    def close(self) -> None:
+        self.drafter.close()

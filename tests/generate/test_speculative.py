@@ -1,0 +1,125 @@
+"""Speculative decoding: every drafter gives plain decoding's exact tokens under greedy (both
+real models; Gemma 3's sliding-window rings wrap while guesses are rejected), the target's own
+distribution under sampling (chi-square against plain sampling on a tiny model), and typed
+errors for drafts that cannot draft."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import edgellm
+from edgellm.errors import DraftMismatch, InvalidRequest
+from edgellm.generate.drafters import PromptLookup
+from edgellm.kv.cache import RingCache
+from edgellm.kv.codecs import codec
+
+DOCUMENT = ("edgellm loads a small quantized model, fits it into the memory it is given, generates fast on "
+            "the CPUs people have and serves it through an OpenAI-compatible local API. Install it with "
+            "`make install`, run the tests with `make test`, and start the server with `edgellm serve`. ")
+REWRITE = [{"role": "user", "content": DOCUMENT * 3 + "\n\nRepeat the text above word for word."}]
+STORY = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
+
+
+def test_prompt_lookup_continues_the_most_recent_longest_match():
+    lookup = PromptLookup(max_ngram=3, min_ngram=1)
+    assert lookup.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3], 3) == ([7, 8, 5], None)  # the later 1 2 3
+    assert lookup.propose([4, 5, 6, 9, 9, 6], 2) == ([9, 9], None)  # only the 1-gram 6 occurred before
+    assert lookup.propose([1, 2, 3, 4], 4) == ([], None)  # nothing repeats: no guess, a plain step
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    with edgellm.load(smollm2_path) as model:
+        yield model
+
+
+@pytest.mark.parametrize("conversation, kind", [(REWRITE, "lookup"), (STORY, "self"), (REWRITE, "self")])
+def test_greedy_speculation_gives_plain_decodings_tokens_on_smollm2(smollm2, conversation, kind):
+    plain = smollm2.chat(conversation, max_tokens=80)
+    fast = smollm2.chat(conversation, max_tokens=80, speculative=kind)
+    assert fast.token_ids == plain.token_ids and fast.text == plain.text
+    timings = fast.timings
+    assert timings.speculative == kind and timings.drafted_tokens > 0
+    assert timings.target_passes < plain.timings.completion_tokens if kind == "lookup" else timings.target_passes > 0
+
+
+def test_a_draft_model_gives_plain_decodings_tokens(smollm2, smollm2_path):
+    with edgellm.load(smollm2_path, mode="fast", draft=smollm2_path) as target:
+        plain = target.chat(STORY, max_tokens=60)
+        drafted = target.chat(STORY, max_tokens=60, speculative="draft")
+    assert drafted.token_ids == plain.token_ids
+    assert drafted.timings.accepted_tokens > 0.9 * drafted.timings.drafted_tokens  # the same weights: it agrees
+
+
+def test_greedy_speculation_on_gemma3_survives_its_rings_wrapping(gemma3_path):
+    # a prompt beyond the 512-token window: sliding layers overwrite slots with guesses, and a
+    # rejection must give the older tokens back
+    long_rewrite = [{"role": "user", "content": DOCUMENT * 8 + "\n\nRepeat the text above word for word."}]
+    with edgellm.load(gemma3_path) as model:
+        assert len(model.template.encode_chat(long_rewrite)) > 512
+        for conversation, kind in ((long_rewrite, "lookup"), (STORY, "self")):
+            plain = model.chat(conversation, max_tokens=60)
+            fast = model.chat(conversation, max_tokens=60, speculative=kind)
+            assert fast.token_ids == plain.token_ids, kind
+            assert fast.timings.drafted_tokens > 0
+
+
+def test_trimming_a_ring_gives_back_the_slots_guesses_overwrote():
+    f32 = codec("f32")
+    ring = RingCache(f32, f32, kv_heads=1, head_dim=4, window=4)
+    k = torch.arange(24, dtype=torch.float32).reshape(1, 1, 6, 4)
+    ring.update_and_fetch(k[:, :, :4], k[:, :, :4])  # positions 0-3 fill the ring
+    before = (ring.k.read(0, 4).clone(), ring.positions.clone())
+    ring.keep_overwritten(2)
+    ring.update_and_fetch(k[:, :, 4:6], k[:, :, 4:6])  # two guesses overwrite positions 0 and 1
+    assert ring.trim(2) == 2
+    torch.testing.assert_close(ring.k.read(0, 4), before[0])
+    assert torch.equal(ring.positions, before[1]) and ring.offset == 4
+
+
+def _chi_square(a: Counter, b: Counter) -> tuple[float, int]:
+    """Two-sample chi-square statistic over the categories both samples share enough of."""
+    n_a, n_b = sum(a.values()), sum(b.values())
+    keys = [key for key in set(a) | set(b) if a[key] + b[key] >= 10]
+    stat = sum((math.sqrt(n_b / n_a) * a[k] - math.sqrt(n_a / n_b) * b[k]) ** 2 / (a[k] + b[k]) for k in keys)
+    return stat, len(keys) - 1
+
+
+@pytest.mark.parametrize("kind", ["self", "lookup"])
+def test_speculative_sampling_keeps_the_targets_distribution(tmp_path, kind):
+    import gguf
+
+    from tests.tiny import random_weights, write_gguf
+
+    path = write_gguf(tmp_path / "tiny.gguf", "llama", random_weights("llama", seed=3, head_dim=32, layers=4),
+                      head_dim=32, layers=4, tokenizer="llama", qtype=gguf.GGMLQuantizationType.Q8_0)
+    with edgellm.load(path) as model:
+        model.self_draft_layers = 1
+        samples = {}
+        for spec in (None, kind):
+            seen = Counter()
+            for seed in range(300):
+                done = model.generate([5, 9, 5, 9, 5], max_tokens=10, temperature=1.0, seed=seed, ignore_eos=True,
+                                      speculative=spec)
+                seen.update((i, t) for i, t in enumerate(done.token_ids[1:]))  # tokens after the first
+            samples[spec] = seen
+        assert model.generate([5, 9, 5, 9, 5], max_tokens=10, temperature=1.0, seed=1, ignore_eos=True,
+                              speculative=kind).timings.drafted_tokens > 0
+    stat, dof = _chi_square(samples[None], samples[kind])
+    assert dof >= 5
+    assert stat < dof + 4 * math.sqrt(2 * dof)  # ~ the 99.9th percentile of chi-square(dof)
+
+
+def test_a_draft_with_another_vocabulary_is_refused_naming_both(smollm2_path, gemma3_path):
+    with pytest.raises(DraftMismatch, match=r"vocab_size=262144.*vocab_size=49152"):
+        edgellm.load(smollm2_path, draft=gemma3_path)
+
+
+def test_bad_speculative_settings_are_refused(smollm2):
+    with pytest.raises(InvalidRequest, match="lookup, draft, self or off"):
+        smollm2.generate("Hi", speculative="magic")
+    with pytest.raises(InvalidRequest, match="needs a draft model"):
+        smollm2.generate("Hi", speculative="draft")
