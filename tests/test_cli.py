@@ -21,6 +21,30 @@ def test_run_streams_a_reply_with_statistics(smollm2_path):
     assert "decode" in result.stderr and "tok/s" in result.stderr
 
 
+REPEATING = ("edgellm loads a small quantized model, fits it into the memory it is given and serves it through "
+             "an OpenAI-compatible local API. Install it with `make install` and run the tests with `make test`. " * 3
+             + "\n\nRepeat the text above word for word.")
+
+
+def test_run_speculates_with_the_same_tokens_and_says_how_it_went(smollm2_path):
+    plain = edgellm("run", REPEATING, "--json", "-n", "40", "--model", str(smollm2_path))
+    spec = edgellm("run", REPEATING, "--json", "-n", "40", "--model", str(smollm2_path), "--speculative", "lookup")
+    assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
+    plain_out, spec_out = json.loads(plain.stdout), json.loads(spec.stdout)
+    assert spec_out["token_ids"] == plain_out["token_ids"]
+    assert spec_out["timings"]["speculative"] == "lookup" and spec_out["timings"]["drafted_tokens"] > 0
+    stats = edgellm("run", REPEATING, "-n", "40", "--model", str(smollm2_path), "--speculative", "lookup")
+    assert re.search(r"lookup: \d+/\d+ guesses kept, [\d.]+ tokens per pass", stats.stderr), stats.stderr
+
+
+def test_speculative_flags_that_cannot_work_fail_with_their_exit_codes(smollm2_path, gemma3_path):
+    no_draft = edgellm("run", "Hi", "-n", "2", "--model", str(smollm2_path), "--speculative", "draft")
+    assert no_draft.returncode == 2 and "needs a draft model" in no_draft.stderr
+    other_vocabulary = edgellm("run", "Hi", "-n", "2", "--model", str(smollm2_path), "--speculative", "draft",
+                               "--draft", str(gemma3_path))
+    assert other_vocabulary.returncode == 5 and "does not share the vocabulary" in other_vocabulary.stderr
+
+
 def test_run_json_output(smollm2_path):
     result = edgellm("run", "Count: 1, 2, 3,", "--raw", "--json", "-n", "6", "--model", str(smollm2_path))
     assert result.returncode == 0, result.stderr

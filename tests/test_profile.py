@@ -20,13 +20,15 @@ def test_phone_is_the_frugal_one():
 
 def test_user_profile_file(tmp_path):
     path = tmp_path / "kiosk.toml"
-    path.write_text('threads = 1\nqueue_limit = 1\ntimeout_s = 5.0\nkv_precision = "int4"\n')
+    path.write_text('threads = 1\nqueue_limit = 1\ntimeout_s = 5.0\nkv_precision = "int4"\nspeculative = "lookup"\n')
     profile = load_profile(str(path))
     assert (profile.name, profile.threads, profile.queue_limit, profile.kv_precision) == ("kiosk", 1, 1, "int4")
+    assert profile.speculative == "lookup"
 
 
 @pytest.mark.parametrize("text, message", [("threads = \n", "TOML"), ("speed = 3\n", "unknown settings"),
-                                           ("max_batch = 0\n", "max_batch"), ("queue_limit = -1\n", "queue_limit")])
+                                           ("max_batch = 0\n", "max_batch"), ("queue_limit = -1\n", "queue_limit"),
+                                           ('speculative = "magic"\n', "speculative")])
 def test_bad_profiles_are_rejected(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)

@@ -23,12 +23,16 @@ class DeviceProfile:
     timeout_s: float = 15.0
     queue_limit: int = 3
     warmup_delay_s: float | None = 2.0  # None or negative: no warmup
+    speculative: str | None = None  # "lookup", "draft" (needs --draft), "self"; None: plain decoding
 
     def __post_init__(self) -> None:
         if self.warmup_delay_s is not None and self.warmup_delay_s < 0:
             object.__setattr__(self, "warmup_delay_s", None)
         if self.queue_limit < 0 or self.max_batch < 1 or self.timeout_s <= 0:
             raise InvalidRequest(f"profile {self.name!r}: queue_limit >= 0, max_batch >= 1, timeout_s > 0")
+        if self.speculative not in (None, "lookup", "draft", "self", "off"):
+            raise InvalidRequest(f"profile {self.name!r}: speculative is lookup, draft, self or off, "
+                                 f"got {self.speculative!r}")
 
 
 def load_profile(name_or_path: str) -> DeviceProfile:

@@ -237,6 +237,7 @@ class Service:
         handle.plan = plan
         handle.degraded += [d for d in plan.degraded if d not in handle.degraded]
         if plan.fallback_model:
+            sampling.pop("speculative", None)  # the fallback decodes as it was loaded to
             generation = self.fallback_model.generation(request.prompt, chat=request.chat, kv=plan.kv_precision,
                                                         **sampling)
         else:

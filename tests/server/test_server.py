@@ -62,6 +62,24 @@ def test_responses_carry_per_request_timings(server):
     assert report["queue_wait_s"] >= 0 and report["peak_rss_bytes"] > 0 and report["degraded"] == []
 
 
+def test_speculation_is_chosen_per_request_with_the_same_text(server):
+    repeating = ("The server answers on port 8000 and keeps its prompts private. " * 4
+                 + "Repeat the text above word for word.")
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": repeating}], "max_tokens": 40,
+            "temperature": 0}
+    post = lambda extra: httpx.post(server.url + "/v1/chat/completions", json=body | extra, timeout=120).json()  # noqa: E731
+    plain, spec, off = post({}), post({"edgellm": {"speculative": "lookup"}}), post({"edgellm": {"speculative": "off"}})
+    text = plain["choices"][0]["message"]["content"]
+    assert spec["choices"][0]["message"]["content"] == text == off["choices"][0]["message"]["content"]
+    assert spec["edgellm"]["speculative"] == "lookup" and spec["edgellm"]["drafted_tokens"] > 0
+    assert 0 < spec["edgellm"]["acceptance_rate"] <= 1 and spec["edgellm"]["tokens_per_pass"] > 1
+    assert off["edgellm"]["speculative"] == ""
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'edgellm_speculative_tokens_total{outcome="accepted"}' in metrics
+    bad = httpx.post(server.url + "/v1/chat/completions", json=body | {"edgellm": {"speculative": "magic"}}, timeout=30)
+    assert bad.status_code == 400
+
+
 def test_models_health_and_metrics(server):
     client = _client(server)
     assert [m.id for m in client.models.list()] == [MODEL_ID]

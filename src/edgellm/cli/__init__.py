@@ -34,6 +34,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache", default=None, metavar="SIZE",
                    help="KV kept for reuse by later prompts with the same start (e.g. 64MB; 0 turns it off; "
                         "default: a quarter of --memory's KV budget, else 1/16 of free RAM up to 256 MiB)")
+    p.add_argument("--speculative", choices=("lookup", "draft", "self", "off"), default=None,
+                   help="speculative decoding: lookup (continue text the prompt repeats), draft (a --draft "
+                        "model with the same vocabulary), self (the model's first layers); same text, fewer passes")
+    p.add_argument("--draft", default=None, metavar="MODEL",
+                   help="draft model for --speculative draft (a registered name or path; same vocabulary)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
     start = time.perf_counter()
     try:
         model = load(path, mode=args.mode, threads=args.threads, kv=kv, memory_budget=args.memory,
-                     context_length=context_length)
+                     context_length=context_length, speculative=args.speculative, draft=args.draft)
     finally:
         print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
     return model
@@ -67,7 +67,9 @@ def _stats(done) -> str:
     t = done.timings
     return (f"[{t.prompt_tokens} prompt tokens, {t.completion_tokens} generated, finish={done.finish_reason}; "
             f"TTFT {t.ttft_s * 1000:.0f} ms, prefill {t.prefill_tokens_per_s:.0f} tok/s, "
-            f"decode {t.decode_tokens_per_s:.1f} tok/s, peak RSS {t.peak_rss_bytes / 2**20:.0f} MiB]")
+            f"decode {t.decode_tokens_per_s:.1f} tok/s, peak RSS {t.peak_rss_bytes / 2**20:.0f} MiB"
+            + (f"; {t.speculative}: {t.accepted_tokens}/{t.drafted_tokens} guesses kept, "
+               f"{t.tokens_per_pass:.2f} tokens per pass" if t.speculative else "") + "]")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -183,6 +183,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"using {args.threads} thread(s) (--threads overrides)", file=sys.stderr)
     args.kv_precision = args.kv_precision or profile.kv_precision
     args.prefix_cache = args.prefix_cache if args.prefix_cache is not None else profile.prefix_cache
+    args.speculative = args.speculative or profile.speculative
     model = load_model(args, context_length=profile.context)
     logging.basicConfig(level=logging.DEBUG if args.log_text else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

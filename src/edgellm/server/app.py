@@ -121,6 +121,10 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         metrics.tokens.labels("prompt").inc(t.prompt_tokens)
         metrics.tokens.labels("prompt_from_prefix_cache").inc(t.prefix_hit_tokens)
         metrics.tokens.labels("completion").inc(t.completion_tokens)
+        if t.speculative:
+            metrics.speculative.labels("drafted").inc(t.drafted_tokens)
+            metrics.speculative.labels("accepted").inc(t.accepted_tokens)
+            metrics.passes.inc(t.target_passes)
         for reason in handle.degraded:
             metrics.degrades.labels(reason).inc()
 

@@ -25,6 +25,10 @@ class Metrics:
         self.temperature = Gauge("edgellm_temperature_celsius", "Device temperature as last read", registry=r)
         self.thermal_events = Gauge("edgellm_thermal_events", "Thermal throttle/restore transitions", ["kind"],
                                     registry=r)
+        self.speculative = Counter("edgellm_speculative_tokens", "Speculative guesses checked, and kept",
+                                   ["outcome"], registry=r)
+        self.passes = Counter("edgellm_decode_passes", "Decode passes of speculative requests (a check of guesses is one)",
+                              registry=r)
         self.warmups = Counter("edgellm_warmups", "Background warmup inferences", ["outcome"], registry=r)
         self.queue_depth = Gauge("edgellm_queue_depth", "Requests waiting", registry=r)
         self.kv_bytes = Gauge("edgellm_kv_bytes", "KV cache bytes held in the pool", registry=r)

@@ -27,6 +27,11 @@ class ChatMessage(_Lenient):
     _clean = field_validator("content")(classmethod(lambda cls, v: clean_text(v)))
 
 
+class EdgeLLMOptions(_Lenient):
+    """edgellm's own request options, beside OpenAI's fields."""
+    speculative: Literal["lookup", "draft", "self", "off"] | None = None  # None: the server's setting
+
+
 class StreamOptions(_Lenient):
     include_usage: bool = False
 
@@ -46,13 +51,17 @@ class _Sampling(_Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    edgellm: EdgeLLMOptions | None = None  # extension
 
     def sampling(self) -> dict:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        options = {} if self.edgellm is None or self.edgellm.speculative is None else {
+            "speculative": self.edgellm.speculative}
         return dict(max_tokens=256 if limit is None else limit, temperature=self.temperature,
                     top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-                    repetition_penalty=self.repetition_penalty, seed=self.seed, stop=tuple(s for s in stop if s))
+                    repetition_penalty=self.repetition_penalty, seed=self.seed, stop=tuple(s for s in stop if s),
+                    **options)
 
 
 class ChatRequest(_Sampling):
