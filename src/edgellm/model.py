@@ -15,7 +15,7 @@ from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_large_frees_to_os, reuse_freed_pages, return_freed_heap
 from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
-from edgellm.generate.drafters import Drafter, DraftModel, PromptLookup
+from edgellm.generate.drafters import Drafter, DraftModel, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
 from edgellm.generate.generator import Generation
 from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
@@ -64,7 +64,8 @@ class Model:
                  kv: KVConfig | None = None, speculative: str | None = None):
         self.speculative = _speculative_kind(speculative)  # the default for every generation
         self.draft: Model | None = None  # for speculative="draft" (attach_draft)
-        self.self_draft_layers: int | None = None  # for speculative="self"; None: half the layers
+        self.self_draft_layers: int | None = None  # for speculative="self"; None: chosen by measurement
+        self.self_draft_agreement: dict[int, float] | None = None  # that measurement (first layers -> agreement)
         self._self_draft: tuple[int, Any, KVManager] | None = None
         self.source, self.path = source, Path(source.path)
         self.tokenizer = load_tokenizer(source)
@@ -133,12 +134,27 @@ class Model:
             if self.draft is None:
                 raise InvalidRequest("speculative='draft' needs a draft model: load(..., draft=PATH) or --draft PATH")
             return DraftModel(self.draft.net, self.draft.kv, sampler, "draft")
-        net, kv = self._self_draft_parts()
+        n = self.self_draft_layers or self._measured_self_draft_layers()
+        if n is None:
+            return NoDraft("self")  # measured not to pay on this model: plain decoding
+        net, kv = self._self_draft_parts(n)
         return DraftModel(net, kv, sampler, "self")
 
-    def _self_draft_parts(self) -> tuple[Any, KVManager]:
-        """The first layers of this model as a draft, and a KV manager of their own (built once)."""
-        n = self.self_draft_layers or max(1, self.config.n_layers // 2)
+    def _measured_self_draft_layers(self) -> int | None:
+        """How many first layers draft best, from how often their early exit agrees with the
+        whole model on edgellm's calibration text (measured once, ~1-3 s); None if no count pays."""
+        if self.self_draft_agreement is None:
+            from importlib import resources
+
+            text = resources.files("edgellm").joinpath("data/calibration.txt").read_text(encoding="utf-8")
+            n_layers = self.config.n_layers
+            candidates = sorted({max(1, n_layers // 2), max(1, 3 * n_layers // 4), max(1, n_layers - 2), n_layers - 1})
+            self.self_draft_agreement = early_exit_agreement(self.net, self.kv, self.tokenizer.encode(text)[:128],
+                                                             [n for n in candidates if 0 < n < n_layers])
+        return best_self_draft(self.self_draft_agreement, self.config.n_layers)[0]
+
+    def _self_draft_parts(self, n: int) -> tuple[Any, KVManager]:
+        """The first n layers of this model as a draft, and a KV manager of their own (kept)."""
         if self._self_draft is None or self._self_draft[0] != n:
             net = first_layers(self.net, n)
             kv = KVManager(net.cache_specs(), self.kv.config, self.context_length, salt=f"{self.kv.salt}|first{n}")

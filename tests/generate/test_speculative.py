@@ -33,6 +33,7 @@ def test_prompt_lookup_continues_the_most_recent_longest_match():
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     with edgellm.load(smollm2_path) as model:
+        model.self_draft_layers = 15  # a draft that guesses (measured, none pays on SmolLM2: see below)
         yield model
 
 
@@ -59,12 +60,25 @@ def test_greedy_speculation_on_gemma3_survives_its_rings_wrapping(gemma3_path):
     # rejection must give the older tokens back
     long_rewrite = [{"role": "user", "content": DOCUMENT * 8 + "\n\nRepeat the text above word for word."}]
     with edgellm.load(gemma3_path) as model:
+        model.self_draft_layers = 9
         assert len(model.template.encode_chat(long_rewrite)) > 512
         for conversation, kind in ((long_rewrite, "lookup"), (STORY, "self")):
             plain = model.chat(conversation, max_tokens=60)
             fast = model.chat(conversation, max_tokens=60, speculative=kind)
             assert fast.token_ids == plain.token_ids, kind
             assert fast.timings.drafted_tokens > 0
+
+
+def test_self_speculation_measures_its_early_exit_and_stays_plain_where_it_cannot_pay(smollm2_path):
+    with edgellm.load(smollm2_path) as model:
+        plain = model.chat(STORY, max_tokens=20)
+        done = model.chat(STORY, max_tokens=20, speculative="self")
+        agreement = model.self_draft_agreement
+    # SmolLM2's early exits pick the model's token at most ~60 % of the time, at 29 of 30 layers
+    # (a guess costing nearly a whole step): no draft length pays, so nothing is drafted
+    assert set(agreement) == {15, 22, 28, 29} and max(agreement.values()) < 0.8
+    assert done.timings.speculative == "self" and done.timings.drafted_tokens == 0
+    assert done.token_ids == plain.token_ids
 
 
 def test_trimming_a_ring_gives_back_the_slots_guesses_overwrote():

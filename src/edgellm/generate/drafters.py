@@ -109,3 +109,56 @@ class DraftModel:
         if self.seq is not None:
             self.seq.release()
             self.seq = None
+
+
+class NoDraft:
+    """A drafter that never guesses: decoding stays plain (a self-speculative draft that
+    measured it would not pay)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], None]:
+        return [], None
+
+    def close(self) -> None:
+        pass
+
+
+# What one more row of a checked pass costs, relative to a plain decode step (SmolLM2 on Zen 3:
+# 12 ms for one row, +4.3 ms per row; docs/speculative.md). A planning prior only: at run time
+# AdaptiveSpeculation measures the real costs.
+ROW_COST = 0.35
+
+
+def best_self_draft(agreement: dict[int, float], n_layers: int, max_draft: int = 7) -> tuple[int | None, float]:
+    """The first-layers count whose draft pays most, by the agreement measured for it (a guess
+    costs n / n_layers of a step plus a row of the check), and its predicted speedup; None when
+    none beats plain decoding."""
+    best, speedup = None, 1.0
+    for n, a in agreement.items():
+        a = min(a, 0.99)
+        for k in range(1, max_draft + 1):
+            predicted = (1 - a ** (k + 1)) / (1 - a) / (1 + k * (n / n_layers + ROW_COST))
+            if predicted > speedup:
+                best, speedup = n, predicted
+    return best, speedup
+
+
+def early_exit_agreement(net, kv: KVManager, tokens: Sequence[int], candidates: Sequence[int]) -> dict[int, float]:
+    """For each n in `candidates`: how often the model's head on the hidden state after its
+    first n blocks picks the same next token as the whole model, teacher-forced over `tokens`
+    (what a self-speculative draft of n layers would get accepted, greedily)."""
+    captured: dict[int, torch.Tensor] = {}
+    hooks = [net.blocks[n - 1].register_forward_hook(lambda _m, _i, out, n=n: captured.__setitem__(n, out))
+             for n in candidates]
+    seq, _ = kv.new_sequence([])
+    try:
+        seq.prepare(len(tokens))
+        with torch.inference_mode():
+            final = net(torch.tensor([list(tokens)]), seq)[0].argmax(-1)
+            return {n: float((net.head(captured[n])[0].argmax(-1) == final).float().mean()) for n in candidates}
+    finally:
+        for hook in hooks:
+            hook.remove()
+        seq.release()

@@ -43,17 +43,20 @@ class SpeculationStats:
 
 
 class AdaptiveSpeculation:
-    """Draft length from the running acceptance, and plain decoding while it is faster: each
-    mode's seconds per token is a running mean; after a few speculative steps slower than plain
-    ones, speculation pauses for `retry_every` steps, then is measured afresh (acceptance
-    changes with the text)."""
+    """How many guesses to check now, from what was measured so far in this generation: the
+    seconds of a plain step, the extra seconds each guess adds to a checked pass (drafting it
+    and one more row), and the chance a guess is kept. With k guesses kept each with chance a
+    in a row, a pass yields 1 + a + ... + a^k tokens; k maximizes tokens per second, and while
+    no k beats plain decoding, decoding stays plain for `retry_every` steps, then speculation
+    is measured afresh (acceptance changes with the text)."""
 
-    def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, judge_after: int = 4):
-        self.max_draft, self.k = max_draft, min(start, max_draft)
-        self.retry_every, self.judge_after = retry_every, judge_after
-        self.cost: dict[str, float | None] = {"spec": None, "plain": None}  # seconds per token
-        self.steps = {"spec": 0, "plain": 0}  # since the mode was last (re)started
-        self.plain_left = 2  # plain decoding first: the yardstick
+    def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32):
+        self.max_draft, self.k, self.retry_every = max_draft, min(start, max_draft), retry_every
+        self.plain_s: float | None = None  # seconds per plain step
+        self.guess_s: float | None = None  # extra seconds per guess in a checked pass
+        self.kept = self.tried = 0.0  # guesses kept / guesses the target looked at (decayed)
+        self.plain_left = 1  # a plain step first: the yardstick
+        self.fresh = True  # the next checked pass starts a streak (a draft model catches up then)
 
     def draft_length(self) -> int:
         """Guesses to make now; 0: take a plain step."""
@@ -62,20 +65,35 @@ class AdaptiveSpeculation:
             return 0
         return self.k
 
-    def record(self, mode: str, seconds: float, tokens: int, drafted: int = 0, accepted: int = 0) -> None:
-        self.steps[mode] += 1
-        if mode == "spec":
-            if accepted == drafted:
-                self.k = min(self.k + 1, self.max_draft)
-            elif accepted < drafted // 2:
-                self.k = max(1, self.k - 1)
-            if self.steps["spec"] == 1:
-                return  # a draft model's first call also reads the prompt: not a step's cost
-        old, per_token = self.cost[mode], seconds / max(tokens, 1)
-        self.cost[mode] = per_token if old is None else 0.7 * old + 0.3 * per_token
-        plain, spec = self.cost["plain"], self.cost["spec"]
-        if mode == "spec" and self.steps["spec"] > self.judge_after and plain is not None and spec > plain:
-            self.plain_left, self.cost["spec"], self.steps["spec"] = self.retry_every, None, 0
+    def record_plain(self, seconds: float) -> None:
+        self.plain_s = _mean(self.plain_s, seconds)
+
+    def record_check(self, seconds: float, drafted: int, kept: int) -> None:
+        # a guess after a rejected one was never looked at: the chance is kept / looked at
+        self.kept, self.tried = 0.9 * self.kept + kept, 0.9 * self.tried + kept + (kept < drafted)
+        if not self.fresh and self.plain_s is not None:
+            self.guess_s = _mean(self.guess_s, max(seconds - self.plain_s, 0.0) / drafted)
+        self.fresh = False
+        self._plan()
+
+    def expected_tokens(self, k: int) -> float:
+        a = min(self.kept / self.tried, 0.99) if self.tried else 0.5
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def _plan(self) -> None:
+        if self.plain_s is None or self.guess_s is None:
+            return
+        rate, k = max((self.expected_tokens(k) / (self.plain_s + self.guess_s * k), k)
+                      for k in range(1, self.max_draft + 1))
+        if rate * self.plain_s > 1.0:
+            self.k = k
+        else:  # no draft length beats a plain step now
+            self.plain_left, self.fresh, self.kept, self.tried = self.retry_every, True, 0.0, 0.0
+
+
+def _mean(old: float | None, new: float) -> float:
+    """A running mean that follows drift (thermal throttling, other load)."""
+    return new if old is None else 0.8 * old + 0.2 * new
 
 
 def verify(model, seq, tokens: list[int]) -> torch.Tensor:
@@ -145,7 +163,10 @@ class Speculator:
     def _count(self, seconds: float, mode: str, drafted: int, kept: int) -> None:
         s = self.stats
         s.drafted, s.accepted, s.passes, s.tokens = s.drafted + drafted, s.accepted + kept, s.passes + 1, s.tokens + kept + 1
-        self.policy.record(mode, seconds, kept + 1, drafted, kept)
+        if mode == "plain":
+            self.policy.record_plain(seconds)
+        else:
+            self.policy.record_check(seconds, drafted, kept)
 
     def close(self) -> None:
         self.drafter.close()
