@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--serving", action="store_true",
                        help="aggregate tok/s with 1, 2, 4 concurrent streams: throughput vs latency mode")
     bench.add_argument("--kv-window", type=int, default=None, help="window for --soak (default 512)")
+    bench.add_argument("--speculative", action="store_true",
+                       help="decode tok/s with prompt lookup, a draft model (INT8 target, 4-bit draft) and "
+                            "self-speculation against plain decoding, and whether the tokens were the same")
     bench.add_argument("--architectures", action="store_true",
                        help="decode / prefill tok/s of every supported architecture per weight byte, vs Llama "
                             "(synthetic Q8_0 models of one size)")

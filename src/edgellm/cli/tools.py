@@ -58,6 +58,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         resolve_model(model)
     if args.op_times:
         return _op_times(models[0], args)
+    if args.speculative:
+        from edgellm.bench.speculative import format_speculative, speculative_report
+
+        report = speculative_report(models[0], gen_tokens=args.gen_tokens, repeat=min(args.repeat, 2),
+                                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(report, indent=2) if args.json else format_speculative(report))
+        return 0
     if args.memory or args.kv_speed or args.prefix or args.soak or args.serving:
         return _bench_memory(models[0], args)
     config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,

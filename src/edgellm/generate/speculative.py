@@ -48,10 +48,12 @@ class AdaptiveSpeculation:
     and one more row), and the chance a guess is kept. With k guesses kept each with chance a
     in a row, a pass yields 1 + a + ... + a^k tokens; k maximizes tokens per second, and while
     no k beats plain decoding, decoding stays plain for `retry_every` steps, then speculation
-    is measured afresh (acceptance changes with the text)."""
+    is measured afresh (acceptance changes with the text); each failed retry doubles the wait
+    (a draft model's catching up is not free), up to `max_wait`."""
 
-    def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32):
-        self.max_draft, self.k, self.retry_every = max_draft, min(start, max_draft), retry_every
+    def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, max_wait: int = 512):
+        self.max_draft, self.k, self.retry_every, self.max_wait = max_draft, min(start, max_draft), retry_every, max_wait
+        self.wait = retry_every
         self.plain_s: float | None = None  # seconds per plain step
         self.guess_s: float | None = None  # extra seconds per guess in a checked pass
         self.kept = self.tried = 0.0  # guesses kept / guesses the target looked at (decayed)
@@ -86,9 +88,12 @@ class AdaptiveSpeculation:
         rate, k = max((self.expected_tokens(k) / (self.plain_s + self.guess_s * k), k)
                       for k in range(1, self.max_draft + 1))
         if rate * self.plain_s > 1.0:
-            self.k = k
+            self.k, self.wait = k, self.retry_every
         else:  # no draft length beats a plain step now
-            self.plain_left, self.fresh, self.kept, self.tried = self.retry_every, True, 0.0, 0.0
+            if self.guess_s >= self.plain_s:  # nor can any acceptance: a guess costs a whole step
+                self.wait = self.max_wait
+            self.plain_left, self.fresh, self.kept, self.tried = self.wait, True, 0.0, 0.0
+            self.wait = min(2 * self.wait, self.max_wait)
 
 
 def _mean(old: float | None, new: float) -> float:

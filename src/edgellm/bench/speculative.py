@@ -1,0 +1,90 @@
+"""`edgellm bench --speculative`: decode speed with each drafter against plain decoding of the
+same prompts in the same process, taking turns, greedy, and whether the tokens were the same.
+
+* lookup: rewriting a ~500-token document (the held-out text): the reply copies spans of it.
+* draft: open chat prompts; the target is an INT8 copy of the model made with `edgellm
+  quantize` (cached), the draft the model itself (4-bit): the same vocabulary, half the bytes.
+* self: open chat prompts; the first layers of the model draft. Reported with what decided
+  it: how often each early exit agrees with the whole model, and the speedup that predicts."""
+from __future__ import annotations
+
+import statistics
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+CHAT_PROMPTS = ["Write a short story about a robot who learns to paint.",
+                "Explain why the sky is blue to a ten-year-old.",
+                "Give me three tips for a job interview, with one sentence on each."]
+
+
+def speculative_report(model: str, gen_tokens: int = 128, repeat: int = 2,
+                       progress: Callable[[str], None] = lambda line: None) -> dict:
+    import edgellm
+
+    document = resources.files("edgellm").joinpath("data/heldout.txt").read_text(encoding="utf-8")[:2200]
+    rewrite = [[{"role": "user", "content": document + "\n\nRewrite the text above, keeping every sentence."}]]
+    chats = [[{"role": "user", "content": prompt}] for prompt in CHAT_PROMPTS]
+    report: dict = {"model": model, "gen_tokens": gen_tokens, "repeat": repeat, "workloads": {}}
+    with edgellm.load(model) as target:
+        report["workloads"]["lookup"] = _compare(target, "lookup", rewrite, gen_tokens, repeat, progress)
+        report["workloads"]["self"] = _compare(target, "self", chats, gen_tokens, repeat, progress) | {
+            "early_exit_agreement": target.self_draft_agreement, "layers": target.config.n_layers}
+    int8 = _int8_copy(model, progress)
+    with edgellm.load(int8, draft=model) as target:
+        report["workloads"]["draft"] = _compare(target, "draft", chats, gen_tokens, repeat, progress) | {
+            "target": str(int8), "draft": model}
+    return report
+
+
+def _compare(model, kind: str, conversations: list, gen_tokens: int, repeat: int, progress) -> dict:
+    """Plain and speculative decoding of each conversation, taking turns, `repeat` times."""
+    speeds: dict[str, list[float]] = {"plain": [], kind: []}
+    drafted = accepted = passes = tokens = 0
+    same = True
+    for _ in range(repeat):
+        for conversation in conversations:
+            plain = model.chat(conversation, max_tokens=gen_tokens, speculative="off")
+            fast = model.chat(conversation, max_tokens=gen_tokens, speculative=kind)
+            same &= fast.token_ids == plain.token_ids
+            speeds["plain"].append(plain.timings.decode_tokens_per_s)
+            speeds[kind].append(fast.timings.decode_tokens_per_s)
+            t = fast.timings
+            drafted, accepted, passes, tokens = (drafted + t.drafted_tokens, accepted + t.accepted_tokens,
+                                                 passes + t.target_passes, tokens + t.completion_tokens - 1)
+            progress(f"{kind}: plain {plain.timings.decode_tokens_per_s:.1f} tok/s, "
+                     f"{kind} {t.decode_tokens_per_s:.1f} tok/s ({t.accepted_tokens}/{t.drafted_tokens} kept)")
+    plain_median, fast_median = statistics.median(speeds["plain"]), statistics.median(speeds[kind])
+    return {"plain_decode_tokens_per_s": plain_median, "speculative_decode_tokens_per_s": fast_median,
+            "speedup": fast_median / plain_median if plain_median else 0.0, "same_tokens": same,
+            "acceptance_rate": accepted / drafted if drafted else 0.0, "drafted_tokens": drafted,
+            "tokens_per_pass": tokens / passes if passes else 1.0, "runs": speeds}
+
+
+def _int8_copy(model: str, progress) -> Path:
+    """The model quantized to INT8 by `edgellm quantize` (made once, kept in edgellm's cache)."""
+    from edgellm.quantize import quantize_model
+    from edgellm.registry import cache_dir, resolve
+
+    source = resolve(model)
+    out = cache_dir() / "bench" / f"{source.stem}.int8.edgellm"
+    if not out.exists():
+        progress(f"making an INT8 target from {source.name} ...")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        quantize_model(source, out, "int8")
+    return out
+
+
+def format_speculative(report: dict) -> str:
+    lines = [f"speculative decoding on {report['model']} ({report['gen_tokens']} tokens, greedy, medians "
+             f"of {report['repeat']} rounds)",
+             f"{'drafter':<8} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'kept':>6} {'tok/pass':>9}  same"]
+    for kind, w in report["workloads"].items():
+        lines.append(f"{kind:<8} {w['plain_decode_tokens_per_s']:>12.1f} {w['speculative_decode_tokens_per_s']:>11.1f} "
+                     f"{w['speedup']:>7.2f}x {w['acceptance_rate']:>6.0%} {w['tokens_per_pass']:>9.2f}  "
+                     f"{'yes' if w['same_tokens'] else 'NO'}")
+    agreement = report["workloads"]["self"]["early_exit_agreement"] or {}
+    if agreement:
+        lines.append("self: early exit agrees with the whole model at " + ", ".join(
+            f"{n}/{report['workloads']['self']['layers']} layers {a:.0%}" for n, a in sorted(agreement.items())))
+    return "\n".join(lines)
