@@ -17,6 +17,7 @@ from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.drafters import Drafter, DraftModel, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
 from edgellm.generate.generator import Generation
+from edgellm.generate.speculative import SpeculationCosts
 from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix
@@ -67,6 +68,7 @@ class Model:
         self.self_draft_layers: int | None = None  # for speculative="self"; None: chosen by measurement
         self.self_draft_agreement: dict[int, float] | None = None  # that measurement (first layers -> agreement)
         self._self_draft: tuple[int, Any, KVManager] | None = None
+        self._costs: dict[str, SpeculationCosts] = {}  # per drafter kind (generate/speculative.py)
         self.source, self.path = source, Path(source.path)
         self.tokenizer = load_tokenizer(source)
         return_freed_heap()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
@@ -106,7 +108,8 @@ class Model:
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
         kind = _speculative_kind(sampling.pop("speculative", self.speculative))
         params = _params(sampling)
-        return stream_generate(self.net, ids, params, drafter=self.drafter(kind, params), **self._options())
+        return stream_generate(self.net, ids, params, drafter=self.drafter(kind, params),
+                               costs=self._speculation_costs(kind), **self._options())
 
     # -- speculative decoding ---------------------------------------------------------------
 
@@ -140,6 +143,10 @@ class Model:
         net, kv = self._self_draft_parts(n)
         return DraftModel(net, kv, sampler, "self")
 
+    def _speculation_costs(self, kind: str | None) -> SpeculationCosts | None:
+        """What generations measured with this kind of drafter on this model, shared between them."""
+        return None if kind is None else self._costs.setdefault(kind, SpeculationCosts())
+
     def _measured_self_draft_layers(self) -> int | None:
         """How many first layers draft best, from how often their early exit agrees with the
         whole model on edgellm's calibration text (measured once, ~1-3 s); None if no count pays."""
@@ -172,7 +179,7 @@ class Model:
         generation = Generation(self.net, ids, params, **self._options(kv))
         drafter = self.drafter(kind, params)
         if drafter is not None:
-            generation.speculate(drafter)
+            generation.speculate(drafter, self._speculation_costs(kind))
         return generation
 
     def kv_for(self, precision: str | None = None) -> KVManager:
@@ -269,6 +276,23 @@ def _fit_budget(source: GGUFFile, budget, context_length: int | None, kv: KVConf
     return fitted.context_length, replace(base, budget_bytes=fitted.kv_budget_bytes)
 
 
+def _budget_beside_draft(source: GGUFFile, budget, context_length: int | None, draft) -> tuple[int, KVConfig]:
+    """The target's budget once the draft model is paid for (its weights and its KV for the
+    context the target alone would plan), and the draft's KV config; OutOfMemoryBudget if the
+    draft alone leaves the target nothing."""
+    from edgellm.errors import OutOfMemoryBudget
+    from edgellm.planner import draft_bytes, parse_bytes, plan
+
+    alone = plan(source, budget, want_context=context_length)
+    precision, context = alone.kv_precision or "int4", max(alone.context_length, 1)
+    with open_model(resolve(draft)) as draft_source:
+        fixed, needed = draft_bytes(draft_source, 0, precision), draft_bytes(draft_source, context, precision)
+    left = parse_bytes(budget) - needed
+    if left <= 0 or not plan(source, left, want_context=context_length).fits:
+        raise OutOfMemoryBudget(needed, max(alone.kv_budget_bytes, 0), "the speculative draft")
+    return left, KVConfig(k_precision=precision, v_precision=precision, budget_bytes=max(needed - fixed, 1))
+
+
 def last_completion(events: Iterator[GenerationEvent]) -> Completion:
     """Run a stream to its end and return its Completion."""
     for event in events:
@@ -295,11 +319,15 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     return_large_frees_to_os()
     source = open_model(resolve(name_or_path))
     try:
+        draft_kv = None
         if memory_budget is not None:
+            if draft is not None and not isinstance(draft, Model):
+                memory_budget, draft_kv = _budget_beside_draft(source, memory_budget, context_length, draft)
             context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
         model = Model(source, mode, context_length, kv, speculative)
         if draft is not None:
-            model.attach_draft(draft if isinstance(draft, Model) else load(draft, mode=mode, context_length=context_length))
+            model.attach_draft(draft if isinstance(draft, Model) else
+                               load(draft, mode=mode, context_length=model.context_length, kv=draft_kv))
     except BaseException:
         source.close()
         raise

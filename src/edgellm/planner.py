@@ -175,3 +175,12 @@ def plan_file(path: str | Path, budget: int | str, **kwargs) -> MemoryPlan:
 
     with open_model(path) as source:
         return plan(source, budget, **kwargs)
+
+
+def draft_bytes(source: GGUFFile, context: int, kv_precision: str) -> int:
+    """What a speculative draft model adds beside its target: its weights, tokenizer and scratch
+    (the runtime is shared) and its KV for the target's context at the target's precision."""
+    config = KVConfig(k_precision=kv_precision, v_precision=kv_precision)
+    specs = layer_specs(source.metadata)
+    kv = kv_bytes_per_token(specs, config) * context + fixed_kv_bytes(specs, config)
+    return weight_bytes(source) + tokenizer_bytes(source) + scratch_bytes(source) + kv

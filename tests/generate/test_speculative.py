@@ -13,6 +13,7 @@ import torch
 import edgellm
 from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate.drafters import PromptLookup
+from edgellm.generate.speculative import AdaptiveSpeculation, SpeculationCosts
 from edgellm.kv.cache import RingCache
 from edgellm.kv.codecs import codec
 
@@ -28,6 +29,24 @@ def test_prompt_lookup_continues_the_most_recent_longest_match():
     assert lookup.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3], 3) == ([7, 8, 5], None)  # the later 1 2 3
     assert lookup.propose([4, 5, 6, 9, 9, 6], 2) == ([9, 9], None)  # only the 1-gram 6 occurred before
     assert lookup.propose([1, 2, 3, 4], 4) == ([], None)  # nothing repeats: no guess, a plain step
+
+
+def test_the_policy_picks_the_draft_length_that_maximizes_tokens_per_second():
+    policy = AdaptiveSpeculation(known=SpeculationCosts(plain_s=0.010, guess_s=0.004))
+    assert policy.draft_length() == 4  # no yardstick step needed: the costs are known
+    for _ in range(20):  # every guess kept: the longest draft pays most
+        policy.record_check(0.010 + 7 * 0.004, 7, 7)
+    assert policy.k == 7
+    for _ in range(30):  # no guess kept: one token per pass cannot pay for 4 ms a guess
+        policy.record_check(0.010 + 3 * 0.004, 3, 0)
+    assert policy.draft_length() == 0  # plain decoding for a while
+
+
+def test_a_drafter_whose_guess_costs_a_whole_step_is_not_retried_soon():
+    costs = SpeculationCosts(plain_s=0.010, guess_s=0.012)
+    assert costs.never_pays
+    policy = AdaptiveSpeculation(known=costs, max_wait=512)
+    assert all(policy.draft_length() == 0 for _ in range(512)) and policy.draft_length() > 0
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +135,7 @@ def test_speculative_sampling_keeps_the_targets_distribution(tmp_path, kind):
         for spec in (None, kind):
             seen = Counter()
             for seed in range(300):
+                model._costs.clear()  # speculate in each: a tiny model's steps are all overhead, which never pays
                 done = model.generate([5, 9, 5, 9, 5], max_tokens=10, temperature=1.0, seed=seed, ignore_eos=True,
                                       speculative=spec)
                 seen.update((i, t) for i, t in enumerate(done.token_ids[1:]))  # tokens after the first

@@ -18,12 +18,13 @@ CHAT_PROMPTS = ["Write a short story about a robot who learns to paint.",
                 "Give me three tips for a job interview, with one sentence on each."]
 
 
-def speculative_report(model: str, gen_tokens: int = 128, repeat: int = 2,
+def speculative_report(model: str, gen_tokens: int = 128, repeat: int = 3,
                        progress: Callable[[str], None] = lambda line: None) -> dict:
     import edgellm
 
-    document = resources.files("edgellm").joinpath("data/heldout.txt").read_text(encoding="utf-8")[:2200]
-    rewrite = [[{"role": "user", "content": document + "\n\nRewrite the text above, keeping every sentence."}]]
+    text = resources.files("edgellm").joinpath("data/heldout.txt").read_text(encoding="utf-8")
+    rewrite = [[{"role": "user", "content": document + "\n\nRewrite the text above, keeping every sentence."}]
+               for document in (text[:2200], text[2200:4400])]  # ~500 tokens each
     chats = [[{"role": "user", "content": prompt}] for prompt in CHAT_PROMPTS]
     report: dict = {"model": model, "gen_tokens": gen_tokens, "repeat": repeat, "workloads": {}}
     with edgellm.load(model) as target:

@@ -61,7 +61,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.speculative:
         from edgellm.bench.speculative import format_speculative, speculative_report
 
-        report = speculative_report(models[0], gen_tokens=args.gen_tokens, repeat=min(args.repeat, 2),
+        report = speculative_report(models[0], gen_tokens=args.gen_tokens, repeat=args.repeat,
                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
         print(json.dumps(report, indent=2) if args.json else format_speculative(report))
         return 0

@@ -11,7 +11,7 @@ from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenEvent
 from edgellm.generate.drafters import Drafter
 from edgellm.generate.sampling import Sampler, SamplingParams
-from edgellm.generate.speculative import Speculator
+from edgellm.generate.speculative import SpeculationCosts, Speculator
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
 from edgellm.kv import BatchKV, KVManager, SequenceKV
 from edgellm.memory import peak_rss_bytes, return_freed_heap
@@ -137,12 +137,13 @@ class Generation:
         self.close()
         return self.completion
 
-    def speculate(self, drafter: Drafter) -> None:
+    def speculate(self, drafter: Drafter, costs: SpeculationCosts | None = None) -> None:
         """Check `drafter`'s guesses at decode steps (generate/speculative.py): the same text in
         fewer passes. Not under a window sliding over the whole sequence (it cannot take back
-        rejected guesses): there decoding stays plain."""
+        rejected guesses): there decoding stays plain. `costs`: what earlier generations measured
+        with this kind of drafter on this model, and where this one leaves its measurements."""
         if self.kv.config.max_tokens is None:
-            self.speculator = Speculator(drafter)
+            self.speculator = Speculator(drafter, costs)
         else:
             drafter.close()
 
@@ -206,13 +207,14 @@ def decode_with_prompt_chunk(model: CausalLM, generations: list[Generation], new
 
 
 def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, *,
-                    drafter: Drafter | None = None, **options) -> Iterator[GenerationEvent]:
+                    drafter: Drafter | None = None, costs: SpeculationCosts | None = None,
+                    **options) -> Iterator[GenerationEvent]:
     """Yields a TokenEvent per generated token, then one Completion. The sequence's KV is
     released when the generator finishes or is closed early. With a drafter, decode steps
     check its guesses (generate/speculative.py): the same text, fewer passes."""
     generation = Generation(model, prompt_ids, params, **options)
     if drafter is not None:
-        generation.speculate(drafter)
+        generation.speculate(drafter, costs)
     try:
         with torch.inference_mode():
             events = generation.accept(generation.prefill())

@@ -27,6 +27,19 @@ MAX_DRAFT = 7  # + the token before them: kernels/decode.py's MAX_SEQS rows in o
 
 
 @dataclass
+class SpeculationCosts:
+    """What generations measured with one drafter on one model, handed from each to the next
+    (a model keeps one per drafter kind): seconds of a plain step and extra seconds per guess."""
+    plain_s: float | None = None
+    guess_s: float | None = None
+
+    @property
+    def never_pays(self) -> bool:
+        """A guess costs a whole step: no acceptance rate can make checking guesses pay."""
+        return self.plain_s is not None and self.guess_s is not None and self.guess_s >= self.plain_s
+
+
+@dataclass
 class SpeculationStats:
     drafted: int = 0  # guesses checked
     accepted: int = 0  # guesses the target kept
@@ -51,13 +64,17 @@ class AdaptiveSpeculation:
     is measured afresh (acceptance changes with the text); each failed retry doubles the wait
     (a draft model's catching up is not free), up to `max_wait`."""
 
-    def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, max_wait: int = 512):
+    def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, max_wait: int = 512,
+                 known: SpeculationCosts | None = None):
         self.max_draft, self.k, self.retry_every, self.max_wait = max_draft, min(start, max_draft), retry_every, max_wait
         self.wait = retry_every
-        self.plain_s: float | None = None  # seconds per plain step
-        self.guess_s: float | None = None  # extra seconds per guess in a checked pass
+        known = known or SpeculationCosts()
+        self.plain_s = known.plain_s  # seconds per plain step
+        self.guess_s = known.guess_s  # extra seconds per guess in a checked pass
         self.kept = self.tried = 0.0  # guesses kept / guesses the target looked at (decayed)
-        self.plain_left = 1  # a plain step first: the yardstick
+        self.plain_left = 0 if known.plain_s is not None else 1  # a plain step first: the yardstick
+        if known.never_pays:  # earlier generations found it so: plain, retried only after the longest wait
+            self.plain_left, self.wait = max_wait, max_wait
         self.fresh = True  # the next checked pass starts a streak (a draft model catches up then)
 
     def draft_length(self) -> int:
@@ -136,8 +153,9 @@ def choose(generation, logits: torch.Tensor, guess: int, q: torch.Tensor | None)
 class Speculator:
     """One generation's speculation: its drafter, the adaptive policy and the counts."""
 
-    def __init__(self, drafter: Drafter):
-        self.drafter, self.policy, self.stats = drafter, AdaptiveSpeculation(), SpeculationStats()
+    def __init__(self, drafter: Drafter, costs: SpeculationCosts | None = None):
+        self.drafter, self.stats, self.costs = drafter, SpeculationStats(), costs
+        self.policy = AdaptiveSpeculation(known=costs)
 
     def step(self, model, generation) -> list[GenerationEvent]:
         """A plain decode step or a verified draft; the events it releases."""
@@ -174,4 +192,7 @@ class Speculator:
             self.policy.record_check(seconds, drafted, kept)
 
     def close(self) -> None:
+        """Release the drafter; hand what was measured on to the next generation."""
         self.drafter.close()
+        if self.costs is not None and self.policy.plain_s is not None:
+            self.costs.plain_s, self.costs.guess_s = self.policy.plain_s, self.policy.guess_s
