@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import edgellm
-from edgellm.errors import DraftMismatch, InvalidRequest
+from edgellm.errors import DraftMismatch, InvalidRequest, OutOfMemoryBudget
 from edgellm.generate.drafters import PromptLookup
 from edgellm.generate.speculative import AdaptiveSpeculation, SpeculationCosts
 from edgellm.kv.cache import RingCache
@@ -150,6 +150,13 @@ def test_speculative_sampling_keeps_the_targets_distribution(tmp_path, kind):
 def test_a_draft_with_another_vocabulary_is_refused_naming_both(smollm2_path, gemma3_path):
     with pytest.raises(DraftMismatch, match=r"vocab_size=262144.*vocab_size=49152"):
         edgellm.load(smollm2_path, draft=gemma3_path)
+
+
+def test_a_draft_that_does_not_fit_the_memory_budget_is_refused_by_the_planner(smollm2_path):
+    with pytest.raises(OutOfMemoryBudget, match="the speculative draft needs"):
+        edgellm.load(smollm2_path, memory_budget="600MB", draft=smollm2_path)
+    with edgellm.load(smollm2_path, memory_budget="1GB", draft=smollm2_path) as model:  # both fit: both bounded
+        assert model.kv.config.budget_bytes and model.draft.kv.config.budget_bytes
 
 
 def test_bad_speculative_settings_are_refused(smollm2):
