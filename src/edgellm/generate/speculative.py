@@ -24,6 +24,7 @@ from edgellm.generate.drafters import Drafter
 from edgellm.generate.events import GenerationEvent
 
 MAX_DRAFT = 7  # + the token before them: kernels/decode.py's MAX_SEQS rows in one native call
+JUDGE_AFTER = 3  # checked passes before speculation may be paused
 
 
 @dataclass
@@ -76,6 +77,7 @@ class AdaptiveSpeculation:
         if known.never_pays:  # earlier generations found it so: plain, retried only after the longest wait
             self.plain_left, self.wait = max_wait, max_wait
         self.fresh = True  # the next checked pass starts a streak (a draft model catches up then)
+        self.checks = 0  # checked passes in this streak: a pause needs a few (one unlucky check is noise)
 
     def draft_length(self) -> int:
         """Guesses to make now; 0: take a plain step."""
@@ -92,7 +94,7 @@ class AdaptiveSpeculation:
         self.kept, self.tried = 0.9 * self.kept + kept, 0.9 * self.tried + kept + (kept < drafted)
         if not self.fresh and self.plain_s is not None:
             self.guess_s = _mean(self.guess_s, max(seconds - self.plain_s, 0.0) / drafted)
-        self.fresh = False
+        self.fresh, self.checks = False, self.checks + 1
         self._plan()
 
     def expected_tokens(self, k: int) -> float:
@@ -106,10 +108,10 @@ class AdaptiveSpeculation:
                       for k in range(1, self.max_draft + 1))
         if rate * self.plain_s > 1.0:
             self.k, self.wait = k, self.retry_every
-        else:  # no draft length beats a plain step now
+        elif self.checks >= JUDGE_AFTER:  # no draft length beats a plain step now
             if self.guess_s >= self.plain_s:  # nor can any acceptance: a guess costs a whole step
                 self.wait = self.max_wait
-            self.plain_left, self.fresh, self.kept, self.tried = self.wait, True, 0.0, 0.0
+            self.plain_left, self.fresh, self.kept, self.tried, self.checks = self.wait, True, 0.0, 0.0, 0
             self.wait = min(2 * self.wait, self.max_wait)
 
 
