@@ -143,6 +143,11 @@ class Model:
         net, kv = self._self_draft_parts(n)
         return DraftModel(net, kv, sampler, "self")
 
+    def forget_speculation_costs(self) -> None:
+        """Let the next generations measure speculation afresh (the machine's load changed, or
+        a test wants every generation to speculate from its start)."""
+        self._costs.clear()
+
     def _speculation_costs(self, kind: str | None) -> SpeculationCosts | None:
         """What generations measured with this kind of drafter on this model, shared between them."""
         return None if kind is None else self._costs.setdefault(kind, SpeculationCosts())
