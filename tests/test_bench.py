@@ -95,3 +95,19 @@ def test_bench_architectures_times_each_family_per_weight_byte_against_llama():
     for row in rows.values():
         assert row["weight_mb"] > 0 and row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0
         assert row["decode_per_byte_vs_llama"] > 0
+
+
+def test_bench_speculative_compares_each_prompt_against_plain_decoding(smollm2_path):
+    import edgellm
+    from edgellm.bench.speculative import _compare, format_speculative
+
+    copy = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog near the river bank. " * 3
+             + "Repeat the text above word for word."}]
+    with edgellm.load(smollm2_path) as model:
+        result = _compare(model, "lookup", [copy, copy], gen_tokens=24, repeat=1, progress=lambda line: None)
+    assert result["same_tokens"] and len(result["prompts"]) == 2 and result["drafted_tokens"] > 0
+    assert all(p["plain_decode_tokens_per_s"] > 0 and p["speedup"] > 0 for p in result["prompts"])
+    table = format_speculative({"model": "m", "gen_tokens": 24, "repeat": 1,
+                                "workloads": {"lookup": result, "self": result | {"early_exit_agreement": {15: 0.1},
+                                                                                  "layers": 30}}})
+    assert "geometric mean" in table and "15/30 layers 10%" in table
