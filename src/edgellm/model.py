@@ -17,7 +17,7 @@ from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.drafters import Drafter, DraftModel, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
 from edgellm.generate.generator import Generation
-from edgellm.generate.speculative import SpeculationCosts
+from edgellm.generate.speculative import SpeculationCosts, warm_rows
 from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix
@@ -69,6 +69,7 @@ class Model:
         self.self_draft_agreement: dict[int, float] | None = None  # that measurement (first layers -> agreement)
         self._self_draft: tuple[int, Any, KVManager] | None = None
         self._costs: dict[str, SpeculationCosts] = {}  # per drafter kind (generate/speculative.py)
+        self._rows_warm = False  # warm_rows done
         self.source, self.path = source, Path(source.path)
         self.tokenizer = load_tokenizer(source)
         return_freed_heap()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
@@ -127,6 +128,9 @@ class Model:
         """A fresh drafter of `kind` for one generation (None: plain decoding)."""
         if kind is None:
             return None
+        if not self._rows_warm:
+            warm_rows(self.net, self.kv)
+            self._rows_warm = True
         if kind == "lookup":
             return PromptLookup()
         sampler = None

@@ -3,8 +3,8 @@ same prompts in the same process, taking turns, greedy, and whether the tokens w
 
 * lookup: rewriting two ~500-token documents (the held-out text): the reply copies spans of
   them (the first nearly all, the second where the model does not paraphrase).
-* draft: open chat prompts; the target is an INT8 copy of the model made with `edgellm
-  quantize` (cached), the draft the model itself (4-bit): the same vocabulary, half the bytes.
+* draft: open chat prompts; the draft is the model itself (4-bit), the target a copy of it in
+  more bytes: INT8 (`edgellm quantize`) and float32 (`edgellm convert --dtype f32`), both cached.
 * self: open chat prompts; the first layers of the model draft. Reported with what decided
   it: how often each early exit agrees with the whole model, and the speedup that predicts."""
 from __future__ import annotations
@@ -32,10 +32,11 @@ def speculative_report(model: str, gen_tokens: int = 128, repeat: int = 3,
         report["workloads"]["lookup"] = _compare(target, "lookup", rewrite, gen_tokens, repeat, progress)
         report["workloads"]["self"] = _compare(target, "self", chats, gen_tokens, repeat, progress) | {
             "early_exit_agreement": target.self_draft_agreement, "layers": target.config.n_layers}
-    int8 = _int8_copy(model, progress)
-    with edgellm.load(int8, draft=model) as target:
-        report["workloads"]["draft"] = _compare(target, "draft", chats, gen_tokens, repeat, progress) | {
-            "target": str(int8), "draft": model}
+    for name, copy in (("draft_int8", _int8_copy), ("draft_f32", _f32_copy)):
+        path = copy(model, progress)
+        with edgellm.load(path, draft=model) as target:
+            report["workloads"][name] = _compare(target, "draft", chats, gen_tokens, repeat, progress) | {
+                "target": str(path), "draft": model}
     return report
 
 
@@ -77,6 +78,19 @@ def _int8_copy(model: str, progress) -> Path:
         progress(f"making an INT8 target from {source.name} ...")
         out.parent.mkdir(parents=True, exist_ok=True)
         quantize_model(source, out, "int8")
+    return out
+
+
+def _f32_copy(model: str, progress) -> Path:
+    """The model as a float32 Hugging Face folder (made once, kept in edgellm's cache)."""
+    from edgellm.convert import convert_to_hf
+    from edgellm.registry import cache_dir, resolve
+
+    source = resolve(model)
+    out = cache_dir() / "bench" / f"{source.stem}.f32"
+    if not (out / "config.json").exists():
+        progress(f"making a float32 target from {source.name} ...")
+        convert_to_hf(source, out, dtype="f32")
     return out
 
 

@@ -72,13 +72,11 @@ class DraftModel:
         self.seq: SequenceKV | None = None
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
-        from edgellm.generate.generator import prefill
-
         if self.seq is None:
             self.seq, _ = self.kv.new_sequence([])
         seen = self._common_prefix(context)
         self.seq.trim(self.seq.offset - seen)
-        logits = prefill(self.net, self.seq, list(context[seen:]))
+        logits = self._feed(list(context[seen:]))
         drafted, probs = [], []
         for i in range(k):
             token, p = self._pick(logits, list(context) + drafted)
@@ -86,8 +84,20 @@ class DraftModel:
             if p is not None:
                 probs.append(p)
             if i + 1 < k:
-                logits = prefill(self.net, self.seq, [token])
+                logits = self._feed([token])
         return drafted, (torch.stack(probs) if probs else None)
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        """Tokens into the draft's KV; the last one's logits. A short catch-up goes as rows of
+        native calls (a prompt pass of an unseen length would first build PyTorch kernels)."""
+        from edgellm.generate.generator import prefill
+        from edgellm.generate.speculative import MAX_DRAFT, run_rows
+
+        if len(tokens) > 4 * (MAX_DRAFT + 1):
+            return prefill(self.net, self.seq, tokens)
+        for start in range(0, len(tokens), MAX_DRAFT + 1):
+            logits = run_rows(self.net, self.seq, tokens[start:start + MAX_DRAFT + 1])
+        return logits.reshape(-1)
 
     def _common_prefix(self, context: Sequence[int]) -> int:
         held = self.seq.token_ids

@@ -121,16 +121,39 @@ def _mean(old: float | None, new: float) -> float:
 
 
 def verify(model, seq, tokens: list[int]) -> torch.Tensor:
-    """Run `tokens` (the next token and the guesses after it) through the target into `seq`;
-    returns every position's logits (len(tokens), V)."""
+    """Run `tokens` (the next token and the guesses after it) through the target into `seq`,
+    keeping what they overwrite for a trim; returns every position's logits (len(tokens), V)."""
+    return run_rows(model, seq, tokens, every_row=True, undoable=True)
+
+
+def run_rows(model, seq, tokens: list[int], every_row: bool = False, undoable: bool = False) -> torch.Tensor:
+    """A few tokens (at most MAX_DRAFT + 1) into `seq` as rows of one native call where the model
+    has one; logits of every row (every_row) or of the last (1, V)."""
     seq.prepare(len(tokens))
-    seq.keep_overwritten(len(tokens))
+    if undoable:
+        seq.keep_overwritten(len(tokens))
     decoder = getattr(model, "decoder", None)
-    logits = decoder.step_rows([(seq.layers, tokens)], every_row=True) if decoder is not None else None
+    logits = decoder.step_rows([(seq.layers, tokens)], every_row=every_row) if decoder is not None else None
     if logits is None:
-        logits = model(torch.tensor([tokens]), seq)[0]
+        logits = model(torch.tensor([tokens]), seq, last_only=not every_row)[0]
     seq.advance(tokens)
     return logits
+
+
+def warm_rows(model, kv) -> None:
+    """Run 2 ... MAX_DRAFT + 1 rows through the model once on a throwaway sequence: PyTorch's
+    first matmul of each new row count builds its kernels (tens of ms), which would otherwise be
+    charged to the first checks and mislead the policy."""
+    if getattr(model, "decoder", None) is not None:
+        return  # the native layers have nothing to build
+    seq, _ = kv.new_sequence([])
+    try:
+        with torch.inference_mode():
+            for rows in range(2, MAX_DRAFT + 2):
+                run_rows(model, seq, [0] * rows, every_row=True)
+                seq.trim(rows)
+    finally:
+        seq.release()
 
 
 def choose(generation, logits: torch.Tensor, guess: int, q: torch.Tensor | None) -> int:
