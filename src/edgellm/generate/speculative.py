@@ -11,8 +11,8 @@ guess is judged as plain decoding would have chosen, so the text is the target's
   The output distribution is exactly the target's p. A deterministic guess has q one-hot.
 
 The KV of rejected guesses is trimmed (rings give back what the guesses overwrote). The draft
-length adapts to the acceptance rate, and speculation pauses while it does not pay: seconds per
-token with and without it are measured as generation goes."""
+length maximizes the measured tokens per second (AdaptiveSpeculation), and speculation pauses
+while no length beats plain decoding. docs/speculative.md has the measurements."""
 from __future__ import annotations
 
 import time
