@@ -67,6 +67,16 @@ def test_greedy_speculation_gives_plain_decodings_tokens_on_smollm2(smollm2, con
     assert timings.target_passes < plain.timings.completion_tokens if kind == "lookup" else timings.target_passes > 0
 
 
+def test_exact_mode_checks_guesses_on_the_pytorch_path_with_the_same_tokens(smollm2_path):
+    copy = [{"role": "user", "content": DOCUMENT + "\n\nRepeat the text above word for word."}]
+    with edgellm.load(smollm2_path, mode="exact") as model:  # no native decoder: rows go through PyTorch
+        assert model.net.decoder is None
+        plain = model.chat(copy, max_tokens=30)
+        fast = model.chat(copy, max_tokens=30, speculative="lookup")
+    assert fast.token_ids == plain.token_ids
+    assert fast.timings.accepted_tokens > 0 and fast.timings.target_passes < plain.timings.completion_tokens
+
+
 def test_a_draft_model_gives_plain_decodings_tokens(smollm2, smollm2_path):
     with edgellm.load(smollm2_path, mode="fast", draft=smollm2_path) as target:
         plain = target.chat(STORY, max_tokens=60)
