@@ -80,6 +80,23 @@ def test_speculation_is_chosen_per_request_with_the_same_text(server):
     assert bad.status_code == 400
 
 
+def test_speculating_requests_batched_with_others_keep_their_text(server_factory):
+    # throughput mode: a speculating request decodes in a batch while others run (plain steps) and
+    # checks guesses whenever it runs alone; its text must not change either way
+    server = server_factory(max_batch=3)
+    prompts = [("The river flows past the old mill and under the stone bridge. " * 3
+                + "Repeat the text above word for word."), "Name three colors.", "Count from one to ten."]
+    bodies = [{"model": MODEL_ID, "messages": [{"role": "user", "content": p}], "max_tokens": 40, "temperature": 0}
+              for p in prompts]
+    post = lambda body: httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()  # noqa: E731
+    alone = [post(b)["choices"][0]["message"]["content"] for b in bodies]
+    speculating = [b | {"edgellm": {"speculative": "lookup"}} for b in bodies]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(post, speculating))
+    assert [r["choices"][0]["message"]["content"] for r in together] == alone
+    assert all(r["edgellm"]["speculative"] == "lookup" for r in together)
+
+
 def test_models_health_and_metrics(server):
     client = _client(server)
     assert [m.id for m in client.models.list()] == [MODEL_ID]
