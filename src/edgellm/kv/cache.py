@@ -283,8 +283,7 @@ class RingCache:
         """Copy the slots the next n tokens will overwrite, so that trim(n) can give the older
         tokens back (speculative decoding writes guesses that may be rejected)."""
         slots = torch.arange(self.offset, self.offset + min(n, self.window)) % self.window
-        self._kept = (self.offset, slots, self.positions[slots].clone(),
-                      [{name: part[:, :, slots].clone() for name, part in store.parts.items()} for store in (self.k, self.v)])
+        self._kept = (self.offset, slots, self.positions[slots].clone(), self._read_slots(slots))
 
     def trim(self, n: int) -> int:
         n = min(n, self.offset)
@@ -302,27 +301,30 @@ class RingCache:
         back = torch.arange(start, start + len(slots)) >= self.offset  # slots of trimmed tokens
         if not bool(back.any()):
             return
-        slots = slots[back]
-        for store, saved in zip((self.k, self.v), parts):
-            for name, value in saved.items():
-                store.parts[name][:, :, slots] = value[:, :, back]
-        self.positions[slots] = positions[back]
+        self._write_slots(slots[back], {name: value[:, :, back] for name, value in parts.items()}, positions[back])
 
     def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
-        slots = self._slots(start, end)
-        return prefixed(*({n: p[:, :, slots].clone() for n, p in store.parts.items()} for store in (self.k, self.v)))
+        return self._read_slots(self._slots(start, end))
 
     def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
-        k_parts, v_parts = split_prefixed(parts)
-        n = next(iter(k_parts.values())).shape[2]
+        n = next(iter(parts.values())).shape[2]
         keep = min(n, self.window)  # older positions would be overwritten anyway
         slots = torch.arange(start + n - keep, start + n) % self.window
-        for store, p in ((self.k, k_parts), (self.v, v_parts)):
-            for name, value in p.items():
-                store.parts[name][:, :, slots] = value[:, :, n - keep:]
-        self.positions[slots] = torch.arange(start + n - keep, start + n)
+        self._write_slots(slots, {name: value[:, :, n - keep:] for name, value in parts.items()},
+                          torch.arange(start + n - keep, start + n))
         self.offset = start + n
         self._used_upto(self.offset)
+
+    def _read_slots(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Copies of the encoded K and V at `slots`, in the exported form ("k.<part>", "v.<part>")."""
+        return prefixed(*({n: p[:, :, slots].clone() for n, p in store.parts.items()} for store in (self.k, self.v)))
+
+    def _write_slots(self, slots: torch.Tensor, parts: dict[str, torch.Tensor], positions: torch.Tensor) -> None:
+        """Exported-form K and V into `slots`, which then hold `positions`."""
+        for store, store_parts in zip((self.k, self.v), split_prefixed(parts)):
+            for name, value in store_parts.items():
+                store.parts[name][:, :, slots] = value
+        self.positions[slots] = positions
 
     def _slots_in_order(self) -> torch.Tensor | None:
         """The slots of the last min(offset, window) positions, oldest first, if the ring holds
