@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from edgellm.generate.sampling import Sampler
+from edgellm.generate.sampling import Sampler, greedy
 from edgellm.kv import KVManager, SequenceKV
 
 
@@ -32,32 +32,41 @@ class Drafter(Protocol):
 
 class PromptLookup:
     """Find the most recent earlier occurrence of the context's last n tokens (n from
-    `max_ngram` down to `min_ngram`) and propose what followed it."""
+    `max_ngram` down to `min_ngram`) and propose what followed it.
+
+    The latest start of every n-gram is indexed once, as the context grows (a step costs its new
+    tokens, not a scan of the context): the context must be one growing list, a generation's
+    history; another list starts the index afresh."""
 
     name = "lookup"
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._context: Sequence[int] | None = None
+        self._indexed = 0  # n-grams ending before this position are in _latest
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> start of its latest occurrence
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], None]:
-        ids = list(context)
-        for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
-            start = _last_earlier_match(ids, ids[-n:])
+        self._index(context)
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            start = self._latest.get(tuple(context[-n:]))
             if start is not None:
-                return ids[start + n:start + n + k], None
+                return list(context[start + n:start + n + k]), None
         return [], None
+
+    def _index(self, context: Sequence[int]) -> None:
+        """Index the n-grams that end before the context's last token (the last n-gram itself
+        must match an earlier occurrence)."""
+        if context is not self._context or len(context) < self._indexed:
+            self._context, self._indexed, self._latest = context, 0, {}
+        end = len(context) - 1
+        for stop in range(self._indexed + 1, end + 1):
+            for n in range(self.min_ngram, min(self.max_ngram, stop) + 1):
+                self._latest[tuple(context[stop - n:stop])] = stop - n
+        self._indexed = max(self._indexed, end)
 
     def close(self) -> None:
         pass
-
-
-def _last_earlier_match(ids: list[int], pattern: list[int]) -> int | None:
-    """Start of the last occurrence of `pattern` in ids that ends before ids' own end."""
-    n, first = len(pattern), pattern[0]
-    for start in range(len(ids) - n - 1, -1, -1):
-        if ids[start] == first and ids[start:start + n] == pattern:
-            return start
-    return None
 
 
 class DraftModel:
@@ -77,10 +86,11 @@ class DraftModel:
         seen = self._common_prefix(context)
         self.seq.trim(self.seq.offset - seen)
         logits = self._feed(list(context[seen:]))
-        drafted, probs = [], []
+        drafted, probs, history = [], [], list(context)
         for i in range(k):
-            token, p = self._pick(logits, list(context) + drafted)
+            token, p = self._pick(logits, history)
             drafted.append(token)
+            history.append(token)
             if p is not None:
                 probs.append(p)
             if i + 1 < k:
@@ -108,11 +118,9 @@ class DraftModel:
         return same
 
     def _pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None]:
-        if self.sampler is None:
-            return int(logits.argmax()), None
-        probs = self.sampler.probs(logits, history)
+        probs = None if self.sampler is None else self.sampler.probs(logits, history)
         if probs is None:  # greedy
-            return int(logits.argmax()), None
+            return greedy(logits), None
         return self.sampler.draw(probs), probs
 
     def close(self) -> None:

@@ -45,15 +45,6 @@ class SpeculationStats:
     drafted: int = 0  # guesses checked
     accepted: int = 0  # guesses the target kept
     passes: int = 0  # target passes (verifications and plain steps)
-    tokens: int = 0  # tokens those passes produced
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.tokens / self.passes if self.passes else 0.0
 
 
 class AdaptiveSpeculation:
@@ -210,7 +201,7 @@ class Speculator:
 
     def _count(self, seconds: float, mode: str, drafted: int, kept: int) -> None:
         s = self.stats
-        s.drafted, s.accepted, s.passes, s.tokens = s.drafted + drafted, s.accepted + kept, s.passes + 1, s.tokens + kept + 1
+        s.drafted, s.accepted, s.passes = s.drafted + drafted, s.accepted + kept, s.passes + 1
         if mode == "plain":
             self.policy.record_plain(seconds)
         else:
