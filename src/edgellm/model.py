@@ -65,6 +65,7 @@ class Model:
                  kv: KVConfig | None = None, speculative: str | None = None):
         self.speculative = _speculative_kind(speculative)  # the default for every generation
         self.draft: Model | None = None  # for speculative="draft" (attach_draft)
+        self._owns_draft = False  # load() loaded it: close() closes it too
         self.self_draft_layers: int | None = None  # for speculative="self"; None: chosen by measurement
         self.self_draft_agreement: dict[int, float] | None = None  # that measurement (first layers -> agreement)
         self._self_draft: tuple[int, Any, KVManager] | None = None
@@ -107,22 +108,28 @@ class Model:
         return events if stream else last_completion(events)
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
+        params, drafter, costs = self._decoding(sampling)
+        return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, **self._options())
+
+    def _decoding(self, sampling: dict[str, Any]) -> tuple[SamplingParams, Drafter | None, SpeculationCosts | None]:
+        """Sampling keywords (and `speculative`, default the model's) -> the sampling parameters,
+        a fresh drafter (None: plain decoding) and the costs its kind measured before."""
         kind = _speculative_kind(sampling.pop("speculative", self.speculative))
         params = _params(sampling)
-        return stream_generate(self.net, ids, params, drafter=self.drafter(kind, params),
-                               costs=self._speculation_costs(kind), **self._options())
+        return params, self.drafter(kind, params), self._speculation_costs(kind)
 
     # -- speculative decoding ---------------------------------------------------------------
 
-    def attach_draft(self, draft: Model) -> None:
-        """Use `draft` for speculative="draft"; it must share this model's vocabulary."""
+    def attach_draft(self, draft: Model, owned: bool = False) -> None:
+        """Use `draft` for speculative="draft"; it must share this model's vocabulary. `owned`:
+        close it with this model."""
         mine, theirs = self.tokenizer, draft.tokenizer
         same = mine.vocab_size == theirs.vocab_size and all(
             mine.token_bytes(i) == theirs.token_bytes(i) for i in range(mine.vocab_size))
         if not same:
             raise DraftMismatch(f"the draft {draft.path.name} ({theirs!r}) does not share the vocabulary of "
                                 f"{self.path.name} ({mine!r}): its guesses would be other tokens")
-        self.draft = draft
+        self.draft, self._owns_draft = draft, owned
 
     def drafter(self, kind: str | None, params: SamplingParams) -> Drafter | None:
         """A fresh drafter of `kind` for one generation (None: plain decoding)."""
@@ -183,12 +190,10 @@ class Model:
         served from the model's one block pool and budget; `speculative` as in generate (an
         engine speculates when the generation decodes alone)."""
         ids = self.template.encode_chat(prompt) if chat else self._ids(prompt)
-        kind = _speculative_kind(sampling.pop("speculative", self.speculative))
-        params = _params(sampling)
+        params, drafter, costs = self._decoding(sampling)
         generation = Generation(self.net, ids, params, **self._options(kv))
-        drafter = self.drafter(kind, params)
         if drafter is not None:
-            generation.speculate(drafter, self._speculation_costs(kind))
+            generation.speculate(drafter, costs)
         return generation
 
     def kv_for(self, precision: str | None = None) -> KVManager:
@@ -249,7 +254,10 @@ class Model:
         return list(prompt)
 
     def close(self) -> None:
-        """Drop the weights and release the file mapping."""
+        """Drop the weights and release the file mapping (and those of a draft load() loaded)."""
+        if self._owns_draft:
+            self.draft.close()
+            self._owns_draft = False
         self.net = None
         self.source.close()
 
@@ -302,6 +310,14 @@ def _budget_beside_draft(source: GGUFFile, budget, context_length: int | None, d
     return left, KVConfig(k_precision=precision, v_precision=precision, budget_bytes=max(needed - fixed, 1))
 
 
+def _attach_loaded_draft(model: Model, draft: Model) -> None:
+    try:
+        model.attach_draft(draft, owned=True)
+    except BaseException:
+        draft.close()  # a draft that cannot draft for this model is not kept open
+        raise
+
+
 def last_completion(events: Iterator[GenerationEvent]) -> Completion:
     """Run a stream to its end and return its Completion."""
     for event in events:
@@ -334,9 +350,10 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
                 memory_budget, draft_kv = _budget_beside_draft(source, memory_budget, context_length, draft)
             context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
         model = Model(source, mode, context_length, kv, speculative)
-        if draft is not None:
-            model.attach_draft(draft if isinstance(draft, Model) else
-                               load(draft, mode=mode, context_length=model.context_length, kv=draft_kv))
+        if isinstance(draft, Model):
+            model.attach_draft(draft)
+        elif draft is not None:
+            _attach_loaded_draft(model, load(draft, mode=mode, context_length=model.context_length, kv=draft_kv))
     except BaseException:
         source.close()
         raise
