@@ -9,6 +9,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from edgellm.chat_template import ChatTemplate
+from edgellm.constrain import Constraint, GrammarState, json_schema
 from edgellm.formats import load_tokenizer, open_model
 from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
@@ -93,7 +94,9 @@ class Model:
     def stream(self, prompt: str | Sequence[int], **sampling: Any) -> Iterator[GenerationEvent]:
         """TokenEvents as tokens are generated, then one Completion. Sampling keywords are
         SamplingParams fields (temperature, top_k, top_p, min_p, repetition_penalty, seed,
-        max_tokens, stop)."""
+        max_tokens, stop), `speculative`, and a constraint on the output: `schema` (a JSON
+        schema dict or a pydantic model; Completion.parsed holds the object) or `constraint`
+        (edgellm.constrain: json_schema, any_json, choice, regex, grammar)."""
         return self._stream_ids(self._ids(prompt), sampling)
 
     def generate(self, prompt: str | Sequence[int], **sampling: Any) -> Completion:
@@ -108,8 +111,10 @@ class Model:
         return events if stream else last_completion(events)
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
+        grammar = self._grammar(sampling)
         params, drafter, costs = self._decoding(sampling)
-        return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, **self._options())
+        return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, grammar=grammar,
+                               **self._options())
 
     def _decoding(self, sampling: dict[str, Any]) -> tuple[SamplingParams, Drafter | None, SpeculationCosts | None]:
         """Sampling keywords (and `speculative`, default the model's) -> the sampling parameters,
@@ -117,6 +122,17 @@ class Model:
         kind = _speculative_kind(sampling.pop("speculative", self.speculative))
         params = _params(sampling)
         return params, self.drafter(kind, params), self._speculation_costs(kind)
+
+    def _grammar(self, sampling: dict[str, Any]) -> GrammarState | None:
+        """The `constraint` (or `schema`) keyword as a fresh grammar state; None: unconstrained."""
+        constraint, schema = sampling.pop("constraint", None), sampling.pop("schema", None)
+        if schema is not None:
+            if constraint is not None:
+                raise InvalidRequest("give schema or constraint, not both")
+            constraint = json_schema(schema)
+        if constraint is not None and not isinstance(constraint, Constraint):
+            raise InvalidRequest(f"constraint must be an edgellm.constrain.Constraint, got {type(constraint).__name__}")
+        return None if constraint is None else GrammarState(constraint, self.tokenizer)
 
     # -- speculative decoding ---------------------------------------------------------------
 
@@ -190,8 +206,9 @@ class Model:
         served from the model's one block pool and budget; `speculative` as in generate (an
         engine speculates when the generation decodes alone)."""
         ids = self.template.encode_chat(prompt) if chat else self._ids(prompt)
+        grammar = self._grammar(sampling)
         params, drafter, costs = self._decoding(sampling)
-        generation = Generation(self.net, ids, params, **self._options(kv))
+        generation = Generation(self.net, ids, params, grammar=grammar, **self._options(kv))
         if drafter is not None:
             generation.speculate(drafter, costs)
         return generation

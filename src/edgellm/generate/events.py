@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
 
@@ -63,6 +63,10 @@ class Completion:
     tail: str  # text released at the end that no TokenEvent carried (flushed hold-back)
     timings: Timings
     stop: str | int | None = None  # the stop string or EOS token id that ended generation
+    # Under a constraint: whether the text is a whole valid output (False after max_tokens, a
+    # timeout or a stop string cut it short); None without one.
+    constraint_met: bool | None = None
+    parsed: Any = None  # the value a valid constrained output stands for (Model.generate(schema=...))
 
 
 GenerationEvent = TokenEvent | Completion

@@ -42,7 +42,7 @@ class Generation:
 
     def __init__(self, model: CausalLM, prompt_ids: list[int], params: SamplingParams, *,
                  token_bytes: Callable[[int], bytes], eos_ids: frozenset[int], kv: KVManager,
-                 context_length: int | None = None):
+                 context_length: int | None = None, grammar=None):
         context = context_length or model.config.context_length
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty")
@@ -62,6 +62,7 @@ class Generation:
         self.next_token: int | None = None  # to feed the next decode step
         self.completion: Completion | None = None
         self.speculator: Speculator | None = None  # decode steps check a drafter's guesses (speculate())
+        self.grammar = grammar  # a constrain.GrammarState: only tokens that keep the output valid
 
     @property
     def done(self) -> bool:
@@ -101,7 +102,11 @@ class Generation:
         """Sample from one position's logits; returns the events this step releases."""
         if len(self.generated) >= self.budget:
             return [self.finish("length", None)]
-        return self.emit(self.sampler(logits, self.history))
+        return self.emit(self.sampler(self.masked(logits), self.history))
+
+    def masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """A position's logits with what the grammar forbids next at -inf (unconstrained: as is)."""
+        return logits if self.grammar is None else self.grammar.mask(logits)
 
     def emit(self, token: int) -> list[GenerationEvent]:
         """Take `token` as the next one (sampled, or a verified speculative guess)."""
@@ -109,6 +114,8 @@ class Generation:
             self.first_token_at = time.perf_counter()
         if token in self.eos_ids and not self.params.ignore_eos:
             return [self.finish("stop", token)]
+        if self.grammar is not None:
+            self.grammar.consume(token)
         self.history.append(token)
         self.generated.append(token)
         text = self.stops.push(self.detok.push(token))
@@ -133,9 +140,20 @@ class Generation:
             ttft_s=self.first_token_at - self.start, prefill_s=self.prefill_done - self.start,
             decode_s=end - self.first_token_at, peak_rss_bytes=peak_rss_bytes(), kv_bytes=self.seq.nbytes,
             prefix_hit_tokens=self.reused, **self._speculation_timings())
-        self.completion = Completion(reason, "".join(self.pieces) + tail, tuple(self.generated), tail, timings, stop)
+        # Valid only when the model ended it where the grammar may end: a cut (max_tokens, a
+        # timeout, a stop string) can leave an accepting prefix ("12" of "128") that is not the answer.
+        met = None if self.grammar is None else self.grammar.satisfied and reason == "stop" and stop in self.eos_ids
+        text = "".join(self.pieces) + tail
+        self.completion = Completion(reason, text, tuple(self.generated), tail, timings, stop, constraint_met=met,
+                                     parsed=self._parsed(text) if met else None)
         self.close()
         return self.completion
+
+    def _parsed(self, text: str):
+        try:
+            return self.grammar.constraint.parse(text)
+        except ValueError:  # a pydantic validator beyond what the schema says
+            return None
 
     def speculate(self, drafter: Drafter, costs: SpeculationCosts | None = None) -> None:
         """Check `drafter`'s guesses at decode steps (generate/speculative.py): the same text in

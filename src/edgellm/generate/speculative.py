@@ -150,6 +150,7 @@ def warm_rows(model, kv) -> None:
 def choose(generation, logits: torch.Tensor, guess: int, q: torch.Tensor | None) -> int:
     """The token plain decoding stands in for at this position, given the guess."""
     sampler = generation.sampler
+    logits = generation.masked(logits)
     p = sampler.probs(logits, generation.history)
     if p is None:  # greedy
         return sampler(logits, generation.history)
@@ -180,6 +181,9 @@ class Speculator:
         started = time.perf_counter()
         k = min(self.policy.draft_length(), generation.budget - len(generation.generated) - 1)
         guesses, q = self.drafter.propose(generation.history, k) if k > 0 else ([], None)
+        if guesses and generation.grammar is not None:  # a guess the grammar forbids cannot be kept
+            guesses = guesses[:generation.grammar.valid_prefix(guesses)]
+            q = None if q is None else q[:len(guesses)]
         if not guesses:
             events = generation.accept(decode_step(model, [generation])[0])
             self._count(time.perf_counter() - started, "plain", 0, 0)
