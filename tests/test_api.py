@@ -51,15 +51,18 @@ def test_chat_uses_template_and_stops_at_end_of_turn(model):
     assert "4" in done.text and "<|im_end|>" not in done.text
 
 
-def test_chat_takes_tool_results_and_refuses_tools_its_template_cannot_write(model):
+def test_chat_writes_tools_calls_and_results_for_a_template_without_tools(model):
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}
     conversation = [{"role": "user", "content": "What is 2 + 2?"},
                     {"role": "assistant", "content": None, "tool_calls": [call]},
                     {"role": "tool", "tool_call_id": "call_1", "content": "4"}]
-    assert len(model.chat(conversation, max_tokens=4).token_ids) >= 1
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
-    with pytest.raises(InvalidRequest, match="does not take tool definitions"):
-        model.chat(conversation[:1], tools=[tool], max_tokens=4)
+    assert model.template.tool_format.name == "generic"  # SmolLM2's template has no tools
+    prompt = model.template.render(conversation, tools=[tool])
+    assert '{"name": "add", "parameters": {"type": "object"}}' in prompt  # the definition, in the system turn
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>' in prompt
+    assert "<tool_response>\n4\n</tool_response>" in prompt
+    assert len(model.chat(conversation, tools=[tool], max_tokens=4).token_ids) >= 1
 
 
 def test_stop_string_ends_generation_and_is_not_returned(model):

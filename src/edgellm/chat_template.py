@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import cached_property
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgellm.chat_messages import validate_messages, validate_tools
+from edgellm.tool_calls import ToolFormat, inline_tools, tool_format
 from edgellm.errors import InvalidRequest, TokenizerError
 from edgellm.tokenizer import Tokenizer
 
@@ -125,16 +127,33 @@ class ChatTemplate:
         """Whether the template writes tool definitions (Qwen2.5/3, Llama 3.1+, Hermes, SmolLM3, ...)."""
         return "tools" in self.source
 
+    @cached_property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (tool_calls.py); GENERIC: edgellm describes tools itself."""
+        return tool_format(self.source)
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                tools: list[dict] | None = None) -> str:
         """Prompt text. It may contain BOS text already: encode it with add_special_tokens=False
-        (or use encode_chat). `tools`: OpenAI tool definitions, for templates that take them."""
+        (or use encode_chat). `tools`: OpenAI tool definitions; a template that cannot write them
+        (or in a format edgellm does not know) gets them, earlier calls and their results as
+        plain turns (tool_calls.inline_tools)."""
         plain, tools = validate_messages(messages), validate_tools(tools)
-        if tools and not self.takes_tools:
-            raise InvalidRequest(f"this model's chat template ({self.origin}) does not take tool definitions")
+        if self.tool_format.native:
+            return self._render(plain, tools, add_generation_prompt)
+        plain = inline_tools(plain, tools, self.tool_format)
+        try:
+            return self._render(plain, None, add_generation_prompt)
+        except InvalidRequest:
+            if not tools or plain[0]["role"] != "system":
+                raise
+            # Gemma 2's template refuses a system turn: the tools then open the first user turn
+            return self._render(_system_into_first_user(plain), None, add_generation_prompt)
+
+    def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
         try:
             return self._template.render(
-                messages=plain,
+                messages=messages,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._token_text(self.tokenizer.bos_id),
@@ -154,3 +173,12 @@ class ChatTemplate:
         if self.tokenizer.add_bos and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
+
+
+def _system_into_first_user(messages: list[dict]) -> list[dict]:
+    system, rest = messages[0], list(messages[1:])
+    first = next((i for i, m in enumerate(rest) if m["role"] == "user"), None)
+    if first is None:
+        return [{"role": "user", "content": system["content"]}, *rest]
+    rest[first] = {**rest[first], "content": system["content"] + "\n\n" + rest[first]["content"]}
+    return rest

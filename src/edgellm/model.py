@@ -9,7 +9,9 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from edgellm.chat_template import ChatTemplate
+from edgellm.chat_messages import validate_tools
 from edgellm.constrain import Constraint, GrammarState, json_schema
+from edgellm.constrain.tools import tool_request
 from edgellm.formats import load_tokenizer, open_model
 from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
@@ -103,12 +105,24 @@ class Model:
         return last_completion(self.stream(prompt, **sampling))
 
     def chat(self, messages: Sequence[Message], *, stream: bool = False, tools: Sequence[dict] | None = None,
-             **sampling: Any):
+             tool_choice: str | dict = "auto", parallel_tool_calls: bool = True, **sampling: Any):
         """Render the conversation with the model's chat template and answer it. Messages may
-        carry OpenAI tool calls and tool results; `tools`: OpenAI tool definitions, for models
-        whose template takes them (InvalidRequest otherwise)."""
-        events = self._stream_ids(self.template.encode_chat(messages, tools=tools), sampling)
-        return events if stream else last_completion(events)
+        carry OpenAI tool calls and tool results; `tools`: OpenAI tool definitions (a template
+        without tools gets them described by edgellm). With tools, the answer is either valid
+        calls (Completion.tool_calls, finish_reason "tool_calls") or, for tool_choice "auto",
+        plain text; "required" or {"type": "function", "function": {"name": ...}} force calls."""
+        fmt = self.template.tool_format
+        shown, constraint = tool_request(validate_tools(tools), tool_choice, fmt, parallel_tool_calls)
+        if constraint is not None:
+            if sampling.get("constraint") is not None or sampling.get("schema") is not None:
+                raise InvalidRequest("tools and a schema or constraint cannot constrain one answer")
+            sampling["constraint"] = constraint
+        events = self._stream_ids(self.template.encode_chat(messages, tools=shown), sampling)
+        if stream:
+            return events  # tool_calls.ToolCallStream(fmt) reads calls out of the streamed text
+        done = last_completion(events)
+        calls = fmt.parse(done.text) if constraint is not None and done.constraint_met else None
+        return replace(done, finish_reason="tool_calls", tool_calls=calls) if calls else done
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
         grammar = self._grammar(sampling)
@@ -200,12 +214,13 @@ class Model:
             self._self_draft = (n, net, kv)
         return self._self_draft[1], self._self_draft[2]
 
-    def generation(self, prompt, *, chat: bool = False, kv: str | None = None, **sampling: Any) -> Generation:
+    def generation(self, prompt, *, chat: bool = False, kv: str | None = None, tools: list[dict] | None = None,
+                   **sampling: Any) -> Generation:
         """A step-wise generation (prefill / accept) for engines that batch decode steps;
         `kv` picks this request's KV precision ("int8", "f16:int4"; default the model's),
         served from the model's one block pool and budget; `speculative` as in generate (an
         engine speculates when the generation decodes alone)."""
-        ids = self.template.encode_chat(prompt) if chat else self._ids(prompt)
+        ids = self.template.encode_chat(prompt, tools=tools) if chat else self._ids(prompt)
         grammar = self._grammar(sampling)
         params, drafter, costs = self._decoding(sampling)
         generation = Generation(self.net, ids, params, grammar=grammar, **self._options(kv))

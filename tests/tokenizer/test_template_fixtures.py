@@ -137,9 +137,20 @@ def test_bad_tool_calls_are_refused_naming_the_field(tokenizer):
         template.render([{"role": "user", "content": "x", "tool_calls": [CALL]}])
 
 
-def test_a_template_without_tools_refuses_tool_definitions(tokenizer):
+def test_a_template_without_tools_gets_them_as_plain_turns(tokenizer):
     template = ChatTemplate((models_dir() / "templates" / "google-gemma-2-2b-it.jinja").read_text(), tokenizer)
-    assert not template.takes_tools
-    with pytest.raises(InvalidRequest, match="does not take tool definitions"):
-        template.render(TOOL_CONVERSATIONS[0], tools=TOOLS)
+    assert not template.takes_tools and template.tool_format.name == "generic"
+    for conversation in TOOL_CONVERSATIONS:  # Gemma's strict user/model alternation still holds
+        text = template.render(conversation, tools=TOOLS)
+        assert "<tool_call>" in text and TOOLS[0]["function"]["name"] in text
+
+
+@pytest.mark.parametrize("name, expected", [("Qwen-Qwen2.5-7B-Instruct", "hermes"), ("Qwen-Qwen3-0.6B", "hermes"),
+                                            ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
+                                            ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
+                                            ("meta-llama-Llama-3.2-3B-Instruct", "llama3"),
+                                            ("HuggingFaceTB-SmolLM3-3B", "generic")])
+def test_each_template_family_gets_its_tool_format(tokenizer, name, expected):
+    template = ChatTemplate((models_dir() / "templates" / f"{name}.jinja").read_text(), tokenizer)
+    assert template.tool_format.name == expected
 

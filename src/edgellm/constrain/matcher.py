@@ -86,6 +86,12 @@ class GrammarState:
         masked[:n] = torch.where(allowed[:n], logits[:n], masked[:n])
         return masked
 
+    def end_at(self, text: str) -> int | None:
+        """Where the output `text` so far should end though the grammar goes on (before a tool
+        call that repeats an earlier one: a small model's loop); None: it goes on."""
+        cut = self.constraint.cut
+        return None if cut is None or self.matcher.is_error() else cut(text)
+
     def consume(self, token: int) -> None:
         self.matcher.consume_token(token)
 

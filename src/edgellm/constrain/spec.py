@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
@@ -34,6 +34,9 @@ class Constraint:
     schema: dict | None = None  # the JSON schema (json_schema, json)
     choices: tuple[str, ...] = ()
     model: Any = None  # a pydantic model class the output parses into
+    # The output so far -> where it should end though the grammar allows more (tools: before a
+    # repeated call), or None. What it keeps must be a whole valid output.
+    cut: Callable[[str], int | None] | None = field(default=None, repr=False, compare=False)
 
     def parse(self, text: str) -> Any:
         """The value of a finished, valid output: a pydantic object, a dict/list, or the text."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "timeout", "cancelled", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class Completion:
     # timeout or a stop string cut it short); None without one.
     constraint_met: bool | None = None
     parsed: Any = None  # the value a valid constrained output stands for (Model.generate(schema=...))
+    tool_calls: list[dict] | None = None  # OpenAI tool calls the answer made (Model.chat(tools=...))
 
 
 GenerationEvent = TokenEvent | Completion

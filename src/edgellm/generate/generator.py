@@ -123,14 +123,17 @@ class Generation:
         events: list[GenerationEvent] = [TokenEvent(token, text)]
         if self.stops.matched is not None:
             events.append(self.finish("stop", self.stops.matched))
+        elif text and self.grammar is not None and (keep := self.grammar.end_at("".join(self.pieces))) is not None:
+            events.append(self.finish("stop", token, keep))
         elif len(self.generated) >= self.budget:
             events.append(self.finish("length", None))
         else:
             self.next_token = token
         return events
 
-    def finish(self, reason: str, stop=None) -> Completion:
-        """End now (also early: "timeout", "cancelled") and release the KV."""
+    def finish(self, reason: str, stop=None, keep: int | None = None) -> Completion:
+        """End now (also early: "timeout", "cancelled") and release the KV. `keep`: the text
+        ends there, a whole output by the grammar (what follows is a loop it cut)."""
         end = time.perf_counter()
         tail = "" if self.stops.matched is not None else _tail(self.detok, self.stops)
         if self.stops.matched is not None:
@@ -140,10 +143,12 @@ class Generation:
             ttft_s=self.first_token_at - self.start, prefill_s=self.prefill_done - self.start,
             decode_s=end - self.first_token_at, peak_rss_bytes=peak_rss_bytes(), kv_bytes=self.seq.nbytes,
             prefix_hit_tokens=self.reused, **self._speculation_timings())
-        # Valid only when the model ended it where the grammar may end: a cut (max_tokens, a
-        # timeout, a stop string) can leave an accepting prefix ("12" of "128") that is not the answer.
-        met = None if self.grammar is None else self.grammar.satisfied and reason == "stop" and stop in self.eos_ids
-        text = "".join(self.pieces) + tail
+        # Valid only when it ended on a token where the grammar may end (EOS, or the grammar's own
+        # early end): a cut (max_tokens, a timeout, a stop string) can leave an accepting prefix
+        # ("12" of "128") that is not the answer.
+        met = None if self.grammar is None else (keep is not None or self.grammar.satisfied and reason == "stop"
+                                                  and isinstance(stop, int))
+        text = ("".join(self.pieces) + tail)[:keep]
         self.completion = Completion(reason, text, tuple(self.generated), tail, timings, stop, constraint_met=met,
                                      parsed=self._parsed(text) if met else None)
         self.close()
