@@ -20,6 +20,7 @@ class Request:
     sampling: dict[str, Any] = field(default_factory=dict)
     chat: bool = False
     timeout_s: float = 15.0
+    tools: list[dict] | None = None  # OpenAI tool definitions the chat prompt shows
 
 
 class Handle:

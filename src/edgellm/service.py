@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from edgellm.engine import Engine
@@ -90,10 +91,10 @@ class Service:
             handle.prompt_ids = model.prompt_ids(request.prompt)
         else:
             messages = request.prompt
-            ids = model.template.encode_chat(messages)
+            ids = model.template.encode_chat(messages, tools=request.tools)
             if len(ids) >= model.context_length:
-                messages, ids = self._trim_conversation(messages, len(ids))
-                handle.request = Request(messages, request.sampling, True, request.timeout_s)
+                messages, ids = self._trim_conversation(messages, len(ids), request.tools)
+                handle.request = replace(request, prompt=messages)
                 handle.degraded.append("context_truncated")
             handle.prompt_ids = ids
         if not handle.prompt_ids:
@@ -101,7 +102,8 @@ class Service:
         if len(handle.prompt_ids) >= model.context_length:
             raise ContextOverflow(len(handle.prompt_ids), model.context_length)
 
-    def _trim_conversation(self, messages: list[dict], total: int) -> tuple[list[dict], list[int]]:
+    def _trim_conversation(self, messages: list[dict], total: int,
+                           tools: list[dict] | None) -> tuple[list[dict], list[int]]:
         model = self.model
         turns = _droppable_turns(messages)
         counts = [model.turn_tokens([messages[i] for i in turn]) for turn in turns]
@@ -110,7 +112,7 @@ class Service:
         while drop <= len(turns):  # the counts are estimates: check, and drop one more if needed
             gone = {i for turn in turns[:drop] for i in turn}
             kept = [m for i, m in enumerate(messages) if i not in gone]
-            ids = model.template.encode_chat(kept)
+            ids = model.template.encode_chat(kept, tools=tools)
             if len(ids) < model.context_length:
                 return kept, ids
             drop += 1
@@ -239,7 +241,7 @@ class Service:
         if plan.fallback_model:
             sampling.pop("speculative", None)  # the fallback decodes as it was loaded to
             generation = self.fallback_model.generation(request.prompt, chat=request.chat, kv=plan.kv_precision,
-                                                        **sampling)
+                                                        tools=request.tools, **sampling)
         else:
             generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
             handle.kv = generation.kv
@@ -251,7 +253,8 @@ class Service:
     def _fallback_tokens(self, request: Request) -> int:
         """The prompt's length in the fallback model's tokens (its tokenizer may differ)."""
         model = self.fallback_model
-        return len(model.template.encode_chat(request.prompt) if request.chat else model.prompt_ids(request.prompt))
+        return len(model.template.encode_chat(request.prompt, tools=request.tools) if request.chat
+                   else model.prompt_ids(request.prompt))
 
     def _room(self, model, prompt_tokens: int | None = None, prompt: Sequence[int] = ()) -> ModelRoom:
         """What admission sees of a model's KV: its byte budget minus what running requests

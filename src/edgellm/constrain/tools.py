@@ -12,6 +12,9 @@ from edgellm.constrain.spec import JSON_OPTIONS, Constraint, InvalidConstraint, 
 from edgellm.tool_calls import ToolFormat
 
 TOOL_CHOICES = ("none", "auto", "required")
+# Calls in one answer: a small model asked for one call may go on calling (the same tool with
+# other arguments) until max_tokens and lose them all; four covers real parallel requests.
+MAX_CALLS = 4
 
 
 def tool_request(tools: list[dict] | None, tool_choice: Any, fmt: ToolFormat,
@@ -42,7 +45,8 @@ def tool_constraint(tools: list[dict], tool_choice: Any, fmt: ToolFormat, parall
     # a separator may end the calls too: a model that writes one after every call is not
     # thereby committed to another
     sep = _lit(fmt.separator)
-    rules = [f"calls: call{f' ({sep} call)*' if parallel else ''} {sep}?",
+    more = "".join(f" ({sep} call" for _ in range(MAX_CALLS - 1)) + ")?" * (MAX_CALLS - 1) if parallel else ""
+    rules = [f"calls: call{more} {sep}?",
              "call: " + " | ".join(f"call{i}" for i in range(len(functions)))]
     for i, (name, function) in enumerate(functions.items()):
         schema = _closed(function.get("parameters") or {"type": "object", "properties": {}})

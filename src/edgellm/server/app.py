@@ -20,6 +20,7 @@ from edgellm.generate import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
 from edgellm.server.metrics import Metrics
 from edgellm.server.schemas import ChatRequest, CompletionRequest
+from edgellm.server.structured import StreamedDeltas, Structure, chat_message, structure
 from edgellm.handle import DONE, Handle, Request as ServiceRequest
 from edgellm.service import Service
 
@@ -170,9 +171,9 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}",
                            "invalid_request_error", "model_not_found")
 
-    async def submit(prompt: Any, body, chat: bool) -> Handle:
+    async def submit(prompt: Any, body, chat: bool, asked: Structure) -> Handle:
         check_model(body.model)
-        request = ServiceRequest(prompt, body.sampling(), chat, timeout_s)
+        request = ServiceRequest(prompt, body.sampling() | asked.sampling(), chat, timeout_s, tools=asked.tools)
         try:  # tokenizing (and trimming a long conversation) runs off the event loop
             handle = await anyio.to_thread.run_sync(service.submit, request)
         except Busy as error:
@@ -208,14 +209,16 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        messages = [m.model_dump() for m in body.messages]
-        return await _respond(await submit(messages, body, chat=True), body, "chat.completion", request)
+        messages = [m.plain() for m in body.messages]
+        asked = structure(body, model.template.tool_format)
+        return await _respond(await submit(messages, body, True, asked), body, "chat.completion", request, asked)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        return await _respond(await submit(body.prompt, body, chat=False), body, "text_completion", request)
+        asked = structure(body, model.template.tool_format)
+        return await _respond(await submit(body.prompt, body, False, asked), body, "text_completion", request, asked)
 
-    async def _respond(handle: Handle, body, kind: str, request: Request):
+    async def _respond(handle: Handle, body, kind: str, request: Request, asked: Structure):
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -224,9 +227,10 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             except BaseException:
                 handle.cancel()
                 raise
-            return StreamingResponse(_sse(handle, first, rid, kind, include_usage), media_type="text/event-stream")
+            return StreamingResponse(_sse(handle, first, rid, kind, include_usage, asked),
+                                     media_type="text/event-stream")
         done = await _wait(handle, request)
-        return _full_response(rid, kind, done, model_id) | {"edgellm": _report(handle, done)}
+        return _full_response(rid, kind, done, model_id, asked) | {"edgellm": _report(handle, done)}
 
     async def _next(handle: Handle, client: _ClientWatch | None = None):
         """The handle's next event; a watched client that hung up meanwhile cancels it."""
@@ -251,9 +255,11 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         finally:
             handle.cancel()
 
-    async def _sse(handle: Handle, first, rid: str, kind: str, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(handle: Handle, first, rid: str, kind: str, include_usage: bool,
+                   asked: Structure) -> AsyncIterator[str]:
         created = int(time.time())
         chat = kind == "chat.completion"
+        deltas = StreamedDeltas(asked)
         try:
             if chat:
                 yield _chunk(rid, created, model_id, {"role": "assistant", "content": ""}, None, chat)
@@ -267,12 +273,13 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
                 if event is DONE:
                     return
                 if isinstance(event, TokenEvent):
-                    if event.text:
-                        yield _chunk(rid, created, model_id, event.text, None, chat)
+                    for delta in deltas.push(event.text) if chat else [event.text] if event.text else []:
+                        yield _chunk(rid, created, model_id, delta, None, chat)
                     continue
-                if event.tail:
-                    yield _chunk(rid, created, model_id, event.tail, None, chat)
-                yield _chunk(rid, created, model_id, None, event.finish_reason, chat)
+                held, finish_reason = deltas.finish(event.finish_reason) if chat else ([], event.finish_reason)
+                for delta in deltas.push(event.tail) + held if chat else [event.tail] if event.tail else []:
+                    yield _chunk(rid, created, model_id, delta, None, chat)
+                yield _chunk(rid, created, model_id, None, finish_reason, chat)
                 if include_usage:
                     yield _usage_chunk(rid, created, model_id, event, chat, _report(handle, event))
                 yield "data: [DONE]\n\n"
@@ -314,10 +321,10 @@ def _usage(done: Completion) -> dict:
             "total_tokens": t.prompt_tokens + t.completion_tokens}
 
 
-def _full_response(rid: str, kind: str, done: Completion, model_id: str) -> dict:
+def _full_response(rid: str, kind: str, done: Completion, model_id: str, asked: Structure) -> dict:
     if kind == "chat.completion":
-        choice = {"index": 0, "message": {"role": "assistant", "content": done.text}, "logprobs": None,
-                  "finish_reason": done.finish_reason}
+        message, finish_reason = chat_message(done, asked)
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": done.finish_reason}
     return {"id": rid, "object": kind, "created": int(time.time()), "model": model_id, "choices": [choice],
@@ -341,6 +348,7 @@ def _report(handle: Handle, done: Completion) -> dict:
     plan = handle.plan
     return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
             "kv_precision": plan.kv_precision if plan else None, "fallback_model": bool(plan and plan.fallback_model),
+            **({} if done.constraint_met is None else {"constraint_met": done.constraint_met}),
             **done.timings.as_dict()}
 
 

@@ -2,7 +2,7 @@
 OpenAI's API does; invalid known ones are a 400."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -20,11 +20,39 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(max_length=200_000)
+    content: str | list[TextPart] | None = Field(default=None, max_length=200_000)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, max_length=64)  # checked by chat_messages
+    tool_call_id: str | None = None
+    name: str | None = None
 
-    _clean = field_validator("content")(classmethod(lambda cls, v: clean_text(v)))
+    @field_validator("content")
+    @classmethod
+    def _text(cls, content):
+        if isinstance(content, list):  # OpenAI's content parts: text only
+            content = "".join(part.text for part in content)
+        return None if content is None else clean_text(content)
+
+    def plain(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True) | {"content": self.content}
+
+
+class JSONSchemaFormat(_Lenient):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class EdgeLLMOptions(_Lenient):
@@ -52,6 +80,12 @@ class _Sampling(_Lenient):
     stream_options: StreamOptions | None = None
     user: str | None = None
     edgellm: EdgeLLMOptions | None = None  # extension
+    # structured output: OpenAI's response_format, and vLLM's guided_* extensions
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_choice: list[str] | None = Field(default=None, max_length=1000)
+    guided_regex: str | None = Field(default=None, max_length=10_000)
+    guided_grammar: str | None = Field(default=None, max_length=100_000)
 
     def sampling(self) -> dict:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -66,6 +100,9 @@ class _Sampling(_Lenient):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)  # checked by chat_messages
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(_Sampling):
