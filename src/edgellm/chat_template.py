@@ -20,7 +20,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgellm.chat_messages import validate_messages, validate_tools
-from edgellm.tool_calls import ToolFormat, inline_tools, tool_format
+from edgellm.tool_calls import ToolFormat, inline_tools, tool_format, tools_note
 from edgellm.errors import InvalidRequest, TokenizerError
 from edgellm.tokenizer import Tokenizer
 
@@ -133,22 +133,22 @@ class ChatTemplate:
         return tool_format(self.source)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               tools: list[dict] | None = None) -> str:
+               tools: list[dict] | None = None, note: str | None = None) -> str:
         """Prompt text. It may contain BOS text already: encode it with add_special_tokens=False
         (or use encode_chat). `tools`: OpenAI tool definitions; a template that cannot write them
         (or in a format edgellm does not know) gets them, earlier calls and their results as
-        plain turns (tool_calls.inline_tools)."""
+        plain turns (tool_calls.py). `note`: edgellm's own system text (the shape an answer must
+        take), folded into the first user turn where the template refuses system turns."""
         plain, tools = validate_messages(messages), validate_tools(tools)
-        if self.tool_format.native:
+        if not self.tool_format.native:
+            plain, note, tools = inline_tools(plain, self.tool_format), _joined(tools_note(tools), note), None
+        if not note:
             return self._render(plain, tools, add_generation_prompt)
-        plain = inline_tools(plain, tools, self.tool_format)
+        plain = _with_system_note(plain, note)
         try:
-            return self._render(plain, None, add_generation_prompt)
-        except InvalidRequest:
-            if not tools or plain[0]["role"] != "system":
-                raise
-            # Gemma 2's template refuses a system turn: the tools then open the first user turn
-            return self._render(_system_into_first_user(plain), None, add_generation_prompt)
+            return self._render(plain, tools, add_generation_prompt)
+        except InvalidRequest:  # e.g. Gemma 2's template refuses system turns
+            return self._render(_system_into_first_user(plain), tools, add_generation_prompt)
 
     def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
         try:
@@ -165,14 +165,24 @@ class ChatTemplate:
             raise TokenizerError(f"chat template failed to render: {type(e).__name__}: {e}") from None
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, note: str | None = None) -> list[int]:
         """Prompt token ids, with exactly one BOS when the model wants one."""
-        text = self.render(messages, add_generation_prompt, tools)
+        text = self.render(messages, add_generation_prompt, tools, note)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
+
+
+def _joined(*notes: str | None) -> str | None:
+    return "\n\n".join(n for n in notes if n) or None
+
+
+def _with_system_note(messages: list[dict], note: str) -> list[dict]:
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": _joined(messages[0]["content"], note)}, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
 
 
 def _system_into_first_user(messages: list[dict]) -> list[dict]:

@@ -19,8 +19,8 @@ from edgellm.memory import return_large_frees_to_os, reuse_freed_pages, return_f
 from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.drafters import Drafter, DraftModel, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
-from edgellm.generate.generator import Generation
-from edgellm.generate.speculative import SpeculationCosts, warm_rows
+from edgellm.generate.generator import Generation, prefill, prefill_chunk
+from edgellm.generate.speculative import SpeculationCosts, verify, warm_rows
 from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix
@@ -113,11 +113,11 @@ class Model:
         plain text; "required" or {"type": "function", "function": {"name": ...}} force calls."""
         fmt = self.template.tool_format
         shown, constraint = tool_request(validate_tools(tools), tool_choice, fmt, parallel_tool_calls)
-        if constraint is not None:
-            if sampling.get("constraint") is not None or sampling.get("schema") is not None:
-                raise InvalidRequest("tools and a schema or constraint cannot constrain one answer")
-            sampling["constraint"] = constraint
-        events = self._stream_ids(self.template.encode_chat(messages, tools=shown), sampling)
+        asked = self._constraint(sampling)
+        if constraint is not None and asked is not None:
+            raise InvalidRequest("tools and a schema or constraint cannot constrain one answer")
+        constraint = constraint or asked
+        events = self._stream_ids(self.chat_ids(messages, shown, constraint), {**sampling, "constraint": constraint})
         if stream:
             return events  # tool_calls.ToolCallStream(fmt) reads calls out of the streamed text
         done = last_completion(events)
@@ -139,6 +139,12 @@ class Model:
 
     def _grammar(self, sampling: dict[str, Any]) -> GrammarState | None:
         """The `constraint` (or `schema`) keyword as a fresh grammar state; None: unconstrained."""
+        constraint = self._constraint(sampling)
+        return None if constraint is None else GrammarState(constraint, self.tokenizer)
+
+    @staticmethod
+    def _constraint(sampling: dict[str, Any]) -> Constraint | None:
+        """Pops `constraint` or `schema` (a JSON schema or pydantic model) off the keywords."""
         constraint, schema = sampling.pop("constraint", None), sampling.pop("schema", None)
         if schema is not None:
             if constraint is not None:
@@ -146,7 +152,15 @@ class Model:
             constraint = json_schema(schema)
         if constraint is not None and not isinstance(constraint, Constraint):
             raise InvalidRequest(f"constraint must be an edgellm.constrain.Constraint, got {type(constraint).__name__}")
-        return None if constraint is None else GrammarState(constraint, self.tokenizer)
+        return constraint
+
+    def chat_ids(self, messages: Sequence[Message], tools: list[dict] | None = None,
+                 constraint: Constraint | None = None) -> list[int]:
+        """A conversation's prompt ids: the chat template with the tools, and what the answer's
+        constraint asks of it said in a system note (a small model must know the keys a
+        schema wants, as OpenAI tells its models)."""
+        note = None if constraint is None else constraint.instructions
+        return self.template.encode_chat(messages, tools=tools, note=note)
 
     # -- speculative decoding ---------------------------------------------------------------
 
@@ -220,13 +234,35 @@ class Model:
         `kv` picks this request's KV precision ("int8", "f16:int4"; default the model's),
         served from the model's one block pool and budget; `speculative` as in generate (an
         engine speculates when the generation decodes alone)."""
-        ids = self.template.encode_chat(prompt, tools=tools) if chat else self._ids(prompt)
-        grammar = self._grammar(sampling)
+        constraint = self._constraint(sampling)
+        ids = self.chat_ids(prompt, tools, constraint) if chat else self._ids(prompt)
+        grammar = None if constraint is None else GrammarState(constraint, self.tokenizer)
         params, drafter, costs = self._decoding(sampling)
         generation = Generation(self.net, ids, params, grammar=grammar, **self._options(kv))
         if drafter is not None:
             generation.speculate(drafter, costs)
         return generation
+
+    def continuation_logprobs(self, prompt: str | Sequence[int], continuations: Sequence[Sequence[int]]) -> list[float]:
+        """Log-probability of each token sequence in `continuations` right after `prompt` (the
+        sum over its tokens): the prompt runs once (or comes from the prefix cache), each
+        continuation from its KV, trimmed after. For scoring labels (tasks.classify)."""
+        ids = self._ids(prompt)
+        seq, reused = self.kv.new_sequence(ids)
+        scores = []
+        try:
+            with torch.inference_mode():
+                last = prefill(self.net, seq, ids[reused:], prefill_chunk(self.kv))
+                for tokens in map(list, continuations):
+                    if not tokens:
+                        raise InvalidRequest("a continuation to score is empty")
+                    rows = [last[None]] + ([verify(self.net, seq, tokens[:-1])] if len(tokens) > 1 else [])
+                    logprobs = torch.cat(rows).float().log_softmax(-1)
+                    scores.append(float(logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].sum()))
+                    seq.trim(len(tokens) - 1)
+        finally:
+            seq.release()
+        return scores
 
     def kv_for(self, precision: str | None = None) -> KVManager:
         """The KV manager of a precision ("int8", "f16:int4"; None: the model's default)."""

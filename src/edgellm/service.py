@@ -91,9 +91,9 @@ class Service:
             handle.prompt_ids = model.prompt_ids(request.prompt)
         else:
             messages = request.prompt
-            ids = model.template.encode_chat(messages, tools=request.tools)
+            ids = model.chat_ids(messages, request.tools, request.sampling.get("constraint"))
             if len(ids) >= model.context_length:
-                messages, ids = self._trim_conversation(messages, len(ids), request.tools)
+                messages, ids = self._trim_conversation(messages, len(ids), request)
                 handle.request = replace(request, prompt=messages)
                 handle.degraded.append("context_truncated")
             handle.prompt_ids = ids
@@ -102,8 +102,7 @@ class Service:
         if len(handle.prompt_ids) >= model.context_length:
             raise ContextOverflow(len(handle.prompt_ids), model.context_length)
 
-    def _trim_conversation(self, messages: list[dict], total: int,
-                           tools: list[dict] | None) -> tuple[list[dict], list[int]]:
+    def _trim_conversation(self, messages: list[dict], total: int, request: Request) -> tuple[list[dict], list[int]]:
         model = self.model
         turns = _droppable_turns(messages)
         counts = [model.turn_tokens([messages[i] for i in turn]) for turn in turns]
@@ -112,7 +111,7 @@ class Service:
         while drop <= len(turns):  # the counts are estimates: check, and drop one more if needed
             gone = {i for turn in turns[:drop] for i in turn}
             kept = [m for i, m in enumerate(messages) if i not in gone]
-            ids = model.template.encode_chat(kept, tools=tools)
+            ids = model.chat_ids(kept, request.tools, request.sampling.get("constraint"))
             if len(ids) < model.context_length:
                 return kept, ids
             drop += 1
@@ -253,7 +252,7 @@ class Service:
     def _fallback_tokens(self, request: Request) -> int:
         """The prompt's length in the fallback model's tokens (its tokenizer may differ)."""
         model = self.fallback_model
-        return len(model.template.encode_chat(request.prompt, tools=request.tools) if request.chat
+        return len(model.chat_ids(request.prompt, request.tools, request.sampling.get("constraint")) if request.chat
                    else model.prompt_ids(request.prompt))
 
     def _room(self, model, prompt_tokens: int | None = None, prompt: Sequence[int] = ()) -> ModelRoom:

@@ -93,9 +93,16 @@ GENERIC_INSTRUCTIONS = (
     "and nothing else; its result comes back in <tool_response> tags. Otherwise answer normally.")
 
 
-def inline_tools(messages: list[dict], tools: list[dict] | None, fmt: ToolFormat = GENERIC) -> list[dict]:
-    """Messages for a template that cannot render tools: the tool definitions in the system
-    message, earlier calls as the assistant's text, results as user turns."""
+def tools_note(tools: list[dict] | None) -> str | None:
+    """The system text that describes `tools` to a model whose template cannot."""
+    if not tools:
+        return None
+    return GENERIC_INSTRUCTIONS.format(tools="\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools))
+
+
+def inline_tools(messages: list[dict], fmt: ToolFormat = GENERIC) -> list[dict]:
+    """Messages for a template that cannot render tools: earlier calls as the assistant's
+    text, results as user turns (the definitions go in a system note: tools_note)."""
     out = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -105,13 +112,6 @@ def inline_tools(messages: list[dict], tools: list[dict] | None, fmt: ToolFormat
             out.append({"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"})
         else:
             out.append({"role": m["role"], "content": m.get("content") or ""})
-    if tools:
-        described = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-        text = GENERIC_INSTRUCTIONS.format(tools=described)
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + text}
-        else:
-            out.insert(0, {"role": "system", "content": text})
     return out
 
 

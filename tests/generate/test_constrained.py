@@ -129,3 +129,15 @@ def test_gemma_fills_a_schema(gemma3_path):
         done = gemma.chat([{"role": "user", "content": "Classify: the app crashes on start."}],
                           constraint=constrain.choice(labels), max_tokens=10)
         assert done.text in labels
+
+
+def test_a_token_loop_inside_a_constraint_is_broken(smollm2):
+    tokenizer = smollm2.tokenizer
+    five = tokenizer.encode("5", add_special_tokens=False)[0]
+    state = constrain.GrammarState(constrain.regex(r"[0-9]+"), tokenizer)
+    for _ in range(11):
+        state.consume(five)
+    assert state.allowed()[five]  # eleven fives may be a number
+    state.consume(five)
+    allowed = state.allowed()
+    assert not allowed[five] and allowed.sum() > 1  # a twelfth is a loop: anything else may follow

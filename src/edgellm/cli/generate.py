@@ -78,6 +78,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgellm.model import last_completion
 
     SamplingParams(**sampling)  # reject bad flags before spending time on loading
+    from edgellm.cli.tasks import constraint_from_args
+
+    constraint = constraint_from_args(args)
+    if constraint is not None:
+        sampling["constraint"] = constraint
     with load_model(args) as model:
         if args.raw:
             events = model.stream(args.prompt, **sampling)
@@ -86,8 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             events = model.chat(messages + [{"role": "user", "content": args.prompt}], stream=True, **sampling)
         if args.json:
             done = last_completion(events)
+            met = {} if done.constraint_met is None else {"constraint_met": done.constraint_met}
             print(json.dumps({"text": done.text, "finish_reason": done.finish_reason,
-                              "token_ids": list(done.token_ids), "timings": done.timings.as_dict()}))
+                              "token_ids": list(done.token_ids), **met, "timings": done.timings.as_dict()}))
         else:
             done = _print_stream(events)
             if not args.quiet:

@@ -15,6 +15,12 @@ from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 from edgellm.constrain.spec import Constraint, InvalidConstraint
 from edgellm.tokenizer import Tokenizer
 
+# A pattern of `period` tokens repeated `times` in a row is a loop, not an answer: a small model
+# forced into a number or string may write "3.5055555..." until max_tokens. The token that
+# would go round again is then refused (when the grammar allows anything else). Lengths that
+# real values reach pass: Gemma spells "1000000000" digit by digit (nine zeros).
+LOOPS = ((1, 12), (2, 8), (3, 6), (4, 6))  # (period, times)
+
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _tables_lock = threading.Lock()
 
@@ -62,6 +68,7 @@ class GrammarState:
         self.vocab_size = tokenizer.vocab_size
         self.end_ids = sorted(tokenizer.eos_ids)
         self._bits = allocate_token_bitmask(1, self.vocab_size)
+        self.taken: list[int] = []  # tokens consumed
 
     @property
     def satisfied(self) -> bool:
@@ -75,8 +82,21 @@ class GrammarState:
             allowed[self.end_ids] = True
             return allowed
         fill_next_token_bitmask(self.matcher, self._bits)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
-        return torch.from_numpy(bits.view(np.bool_))
+        allowed = torch.from_numpy(np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
+                                   .view(np.bool_))
+        looping = self._loop_continuation()
+        if looping is not None and allowed[looping] and int(allowed.sum()) > 1:
+            allowed[looping] = False
+        return allowed
+
+    def _loop_continuation(self) -> int | None:
+        """The token that would repeat a loop the output is in (LOOPS), if it is in one."""
+        taken = self.taken
+        for period, times in LOOPS:
+            n = period * times
+            if len(taken) >= n and taken[-n:] == taken[-period:] * times:
+                return taken[-period]
+        return None
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` (1-D) with every token that cannot come next at -inf (a copy)."""
@@ -94,6 +114,7 @@ class GrammarState:
 
     def consume(self, token: int) -> None:
         self.matcher.consume_token(token)
+        self.taken.append(token)
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens`, in order, the grammar would take from here."""

@@ -12,9 +12,11 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from edgellm.errors import InvalidRequest
 
-# JSON as people write it (", " and ": "), and no free whitespace: a small model given
-# free whitespace may emit newlines until max_tokens.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Whitespace as models write JSON (compact, or pretty-printed with newlines and indents), but
+# bounded: with no whitespace allowed a model that wants a newline before "}" writes digits
+# instead (Gemma 3: "total": 3.5055555...), with unbounded whitespace it may write newlines
+# until max_tokens.
+JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
 
 
 class InvalidConstraint(InvalidRequest):
@@ -34,6 +36,9 @@ class Constraint:
     schema: dict | None = None  # the JSON schema (json_schema, json)
     choices: tuple[str, ...] = ()
     model: Any = None  # a pydantic model class the output parses into
+    # What a chat prompt tells the model of the shape it must answer in (as OpenAI shows its
+    # models the schema): without it a small model guesses keys the grammar then forbids.
+    instructions: str | None = field(default=None, compare=False)
     # The output so far -> where it should end though the grammar allows more (tools: before a
     # repeated call), or None. What it keeps must be a whole valid output.
     cut: Callable[[str], int | None] | None = field(default=None, repr=False, compare=False)
@@ -67,14 +72,15 @@ def json_schema(schema: dict | str | type, strict: bool = True) -> Constraint:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(compiled, overrides=JSON_OPTIONS)
     except ValueError as error:
         raise InvalidConstraint("json_schema", str(error)) from None
-    return Constraint("json_schema", _checked("json_schema", grammar), schema=schema, model=model)
+    note = "Answer with only a JSON object that matches this JSON schema:\n" + json.dumps(compiled, ensure_ascii=False)
+    return Constraint("json_schema", _checked("json_schema", grammar), schema=schema, model=model, instructions=note)
 
 
 def any_json() -> Constraint:
     """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
     schema = {"type": "object"}
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-    return Constraint("json", _checked("json", grammar), schema=schema)
+    return Constraint("json", _checked("json", grammar), schema=schema, instructions="Answer with only a JSON object.")
 
 
 def choice(options: Sequence[str]) -> Constraint:
@@ -83,7 +89,7 @@ def choice(options: Sequence[str]) -> Constraint:
         raise InvalidConstraint("choice", "choices are a non-empty list of non-empty strings")
     lark = "start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
     return Constraint("choice", _checked("choice", llguidance.LLMatcher.grammar_from_lark(lark)),
-                      choices=tuple(options))
+                      choices=tuple(options), instructions=f"Answer with exactly one of: {', '.join(options)}.")
 
 
 def regex(pattern: str) -> Constraint:

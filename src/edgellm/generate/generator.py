@@ -84,7 +84,7 @@ class Generation:
         """Prefill up to max_tokens more prompt tokens (an engine interleaves these chunks with
         other sequences' decode steps); returns the last position's logits once the prompt is in."""
         piece = self.next_prompt_piece(max_tokens)
-        logits = prefill(self.model, self.seq, piece, _chunk_for(self.kv))
+        logits = prefill(self.model, self.seq, piece, prefill_chunk(self.kv))
         return self.prompt_advanced(len(piece), logits)
 
     def next_prompt_piece(self, max_tokens: int) -> list[int]:
@@ -250,7 +250,7 @@ def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingPara
         generation.close()
 
 
-def _chunk_for(kv: KVManager) -> int:
+def prefill_chunk(kv: KVManager) -> int:
     # A ring layer must still hold a finished block when it is remembered for prefix reuse.
     windows = [s.window for s in kv.specs if s.window is not None]
     chunk = min([PREFILL_CHUNK, *windows])
