@@ -65,13 +65,13 @@ def test_required_and_named_tool_choices_always_call(smollm2):
     questions = ["What's the weather in Paris?", "Add 2 and 40.", "Tell me a joke.", "How warm is Oslo in fahrenheit?"]
     for question in questions:
         done = smollm2.chat([{"role": "user", "content": question}], tools=[WEATHER, ADD], tool_choice="required",
-                            max_tokens=120)
+                            max_tokens=200)
         assert done.finish_reason == "tool_calls" and done.tool_calls, question
         for call in done.tool_calls:
             assert call["function"]["name"] in ("get_weather", "add")
             json.loads(call["function"]["arguments"])
     done = smollm2.chat(ASK, tools=[WEATHER, ADD], tool_choice={"type": "function", "function": {"name": "add"}},
-                        max_tokens=60)
+                        max_tokens=120)
     (call,) = done.tool_calls
     arguments = json.loads(call["function"]["arguments"])
     assert call["function"]["name"] == "add" and set(arguments) == {"a", "b"}
@@ -79,7 +79,7 @@ def test_required_and_named_tool_choices_always_call(smollm2):
 
 
 def test_a_tool_round_trip_ends_in_an_answer(smollm2):
-    done = smollm2.chat(ASK, tools=[WEATHER], tool_choice="required", max_tokens=60)
+    done = smollm2.chat(ASK, tools=[WEATHER], tool_choice="required", max_tokens=200)
     call = done.tool_calls[0]
     conversation = ASK + [{"role": "assistant", "content": None, "tool_calls": done.tool_calls},
                           {"role": "tool", "tool_call_id": call["id"], "content": '{"temperature": 21}'}]

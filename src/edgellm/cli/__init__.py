@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--speculative", action="store_true",
                        help="decode tok/s with prompt lookup, a draft model (INT8 target, 4-bit draft) and "
                             "self-speculation against plain decoding, and whether the tokens were the same")
+    bench.add_argument("--constrained", action="store_true",
+                       help="decode tok/s under a JSON-schema constraint against plain decoding, mask ms per "
+                            "token and grammar compile times (comma-separated -m for several models)")
     bench.add_argument("--architectures", action="store_true",
                        help="decode / prefill tok/s of every supported architecture per weight byte, vs Llama "
                             "(synthetic Q8_0 models of one size)")

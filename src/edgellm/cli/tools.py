@@ -65,6 +65,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
         print(json.dumps(report, indent=2) if args.json else format_speculative(report))
         return 0
+    if args.constrained:
+        from edgellm.bench.constrained import constrained_report, format_constrained
+
+        report = constrained_report(models, gen_tokens=args.gen_tokens, repeat=args.repeat,
+                                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(report, indent=2) if args.json else format_constrained(report))
+        return 0
     if args.memory or args.kv_speed or args.prefix or args.soak or args.serving:
         return _bench_memory(models[0], args)
     config = BenchConfig(models=models, threads=args.threads or [default_threads()], prompt_tokens=args.prompt_tokens,

@@ -4,6 +4,7 @@ so it sees edgellm's own tokenizer (byte-level or SentencePiece) as a table of t
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Sequence
 
@@ -69,6 +70,7 @@ class GrammarState:
         self.end_ids = sorted(tokenizer.eos_ids)
         self._bits = allocate_token_bitmask(1, self.vocab_size)
         self.taken: list[int] = []  # tokens consumed
+        self.mask_s = 0.0  # seconds spent masking (Timings.mask_s)
 
     @property
     def satisfied(self) -> bool:
@@ -100,10 +102,12 @@ class GrammarState:
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` (1-D) with every token that cannot come next at -inf (a copy)."""
+        started = time.perf_counter()
         allowed = self.allowed()
         masked = torch.full_like(logits, float("-inf"))
         n = min(len(allowed), logits.shape[-1])  # rows past the tokenizer (padding) stay -inf
         masked[:n] = torch.where(allowed[:n], logits[:n], masked[:n])
+        self.mask_s += time.perf_counter() - started
         return masked
 
     def end_at(self, text: str) -> int | None:

@@ -21,6 +21,7 @@ class Timings:
     drafted_tokens: int = 0  # speculative guesses checked by the model
     accepted_tokens: int = 0  # guesses it kept
     target_passes: int = 0  # decode passes of the model (a check of several guesses is one)
+    mask_s: float = 0.0  # seconds spent computing grammar masks (constrained output)
 
     @property
     def acceptance_rate(self) -> float:

@@ -142,7 +142,8 @@ class Generation:
             prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.generated),
             ttft_s=self.first_token_at - self.start, prefill_s=self.prefill_done - self.start,
             decode_s=end - self.first_token_at, peak_rss_bytes=peak_rss_bytes(), kv_bytes=self.seq.nbytes,
-            prefix_hit_tokens=self.reused, **self._speculation_timings())
+            prefix_hit_tokens=self.reused, mask_s=self.grammar.mask_s if self.grammar is not None else 0.0,
+            **self._speculation_timings())
         # Valid only when it ended on a token where the grammar may end (EOS, or the grammar's own
         # early end): a cut (max_tokens, a timeout, a stop string) can leave an accepting prefix
         # ("12" of "128") that is not the answer.
