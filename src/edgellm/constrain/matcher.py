@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 import llguidance
@@ -22,6 +23,8 @@ from edgellm.tokenizer import Tokenizer
 # real values reach pass: Gemma spells "1000000000" digit by digit (nine zeros).
 LOOPS = ((1, 12), (2, 8), (3, 6), (4, 6))  # (period, times)
 
+# One thread computes the next masks of all sequences, overlapping the model's forward pass.
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgellm-grammar")
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _tables_lock = threading.Lock()
 
@@ -71,19 +74,25 @@ class GrammarState:
         self._bits = allocate_token_bitmask(1, self.vocab_size)
         self.taken: list[int] = []  # tokens consumed
         self.mask_s = 0.0  # seconds spent masking (Timings.mask_s)
+        self._next: Future | None = None  # the next mask, being computed
+        self._filled = False  # _bits holds the mask for the current position
 
     @property
     def satisfied(self) -> bool:
         """The output so far is a whole valid one."""
+        self._settle()
         return not self.matcher.is_error() and self.matcher.is_accepting()
 
     def allowed(self) -> torch.Tensor:
         """A bool per token id: may it come next."""
+        self._settle()
         if self.matcher.is_error():  # cannot happen with masked sampling; end rather than go on unchecked
             allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
             allowed[self.end_ids] = True
             return allowed
-        fill_next_token_bitmask(self.matcher, self._bits)
+        if not self._filled:
+            self._fill()
+        self._filled = False
         allowed = torch.from_numpy(np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
                                    .view(np.bool_))
         looping = self._loop_continuation()
@@ -104,9 +113,9 @@ class GrammarState:
         """`logits` (1-D) with every token that cannot come next at -inf (a copy)."""
         started = time.perf_counter()
         allowed = self.allowed()
-        masked = torch.full_like(logits, float("-inf"))
-        n = min(len(allowed), logits.shape[-1])  # rows past the tokenizer (padding) stay -inf
-        masked[:n] = torch.where(allowed[:n], logits[:n], masked[:n])
+        if logits.shape[-1] != len(allowed):  # rows past the tokenizer (padding) are never allowed
+            allowed = torch.nn.functional.pad(allowed[:logits.shape[-1]], (0, max(0, logits.shape[-1] - len(allowed))))
+        masked = torch.where(allowed, logits, float("-inf"))  # 0.2 ms for 262k logits; masked_fill 0.4
         self.mask_s += time.perf_counter() - started
         return masked
 
@@ -114,16 +123,35 @@ class GrammarState:
         """Where the output `text` so far should end though the grammar goes on (before a tool
         call that repeats an earlier one: a small model's loop); None: it goes on."""
         cut = self.constraint.cut
-        return None if cut is None or self.matcher.is_error() else cut(text)
+        if cut is None:
+            return None  # without waiting for the next mask
+        self._settle()
+        return None if self.matcher.is_error() else cut(text)
 
     def consume(self, token: int) -> None:
+        """Take `token`; the next mask is computed meanwhile in a worker thread (llguidance
+        drops the GIL), while the model computes the next logits."""
+        self._settle()
         self.matcher.consume_token(token)
         self.taken.append(token)
+        self._next = _WORKER.submit(self._fill)
+
+    def _fill(self) -> None:
+        fill_next_token_bitmask(self.matcher, self._bits)
+        self._filled = True
+
+    def _settle(self) -> None:
+        """Wait for the mask being computed: nothing else may touch the matcher meanwhile."""
+        if self._next is not None:
+            self._next.result()
+            self._next = None
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens`, in order, the grammar would take from here."""
+        self._settle()
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next whatever the model says (a JSON key after `{"`)."""
+        self._settle()
         return self.matcher.compute_ff_tokens()
