@@ -203,3 +203,14 @@ def test_batched_requests_each_keep_their_own_grammar(server_factory):
     assert together == alone
     assert alone[0] in ("red", "green", "blue") and re.fullmatch("[0-9]{2,4}", alone[1])
     Contact.model_validate_json(alone[2])
+
+
+def test_a_timed_out_or_stopped_constrained_answer_is_flagged_not_valid(server_factory):
+    server = server_factory(timeout_s=0.4)
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Describe Paris in detail as JSON."}],
+            "response_format": {"type": "json_object"}, "max_tokens": 2000, "temperature": 0}
+    done = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert done["choices"][0]["finish_reason"] == "timeout" and done["edgellm"]["constraint_met"] is False
+    stopped = httpx.post(server.url + "/v1/chat/completions", json={**body, "stop": ['"'], "max_tokens": 50},
+                         timeout=60).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["edgellm"]["constraint_met"] is False
