@@ -13,7 +13,7 @@ from edgellm.errors import (ContextOverflow, EdgeLLMError, InvalidRequest, Model
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load": "edgellm.model", "Model": "edgellm.model", "ModelInfo": "edgellm.model",
+    "load": "edgellm.loader", "Model": "edgellm.model", "ModelInfo": "edgellm.model",
     "Completion": "edgellm.generate", "SamplingParams": "edgellm.generate",
     "Timings": "edgellm.generate", "TokenEvent": "edgellm.generate",
 }

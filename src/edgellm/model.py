@@ -1,4 +1,4 @@
-"""The Python API: `edgellm.load(name) -> Model`, then generate / stream / chat."""
+"""The Python API: `Model` (made by `edgellm.load`, loader.py): generate / stream / chat."""
 from __future__ import annotations
 
 from collections import Counter
@@ -12,10 +12,10 @@ from edgellm.chat_template import ChatTemplate
 from edgellm.chat_messages import validate_tools
 from edgellm.constrain import Constraint, GrammarState, json_schema
 from edgellm.constrain.tools import tool_request
-from edgellm.formats import load_tokenizer, open_model
+from edgellm.formats import load_tokenizer
 from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
-from edgellm.memory import return_large_frees_to_os, reuse_freed_pages, return_freed_heap
+from edgellm.memory import return_freed_heap
 from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.drafters import Drafter, DraftModel, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
@@ -25,8 +25,6 @@ from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix
 from edgellm.models import build_model, first_layers, layer_specs
-from edgellm.registry import resolve
-from edgellm.threads import configure_threads
 
 Message = dict[str, str]
 SPECULATIVE = ("lookup", "draft", "self")  # drafters (generate/drafters.py); None / "off": plain decoding
@@ -350,81 +348,9 @@ def _params(sampling: dict[str, Any]) -> SamplingParams:
     return SamplingParams(**{**sampling, "stop": stop})
 
 
-def _fit_budget(source: GGUFFile, budget, context_length: int | None, kv: KVConfig | None) -> tuple[int, KVConfig]:
-    from edgellm.errors import OutOfMemoryBudget
-    from edgellm.planner import plan
-
-    fitted = plan(source, budget, want_context=context_length)
-    if not fitted.fits:
-        raise OutOfMemoryBudget(fitted.budget_bytes - fitted.kv_budget_bytes, fitted.budget_bytes, "the model")
-    base = kv or KVConfig(k_precision=fitted.kv_precision, v_precision=fitted.kv_precision)
-    return fitted.context_length, replace(base, budget_bytes=fitted.kv_budget_bytes)
-
-
-def _budget_beside_draft(source: GGUFFile, budget, context_length: int | None, draft) -> tuple[int, KVConfig]:
-    """The target's budget once the draft model is paid for (its weights and its KV for the
-    context the target alone would plan), and the draft's KV config; OutOfMemoryBudget if the
-    draft alone leaves the target nothing."""
-    from edgellm.errors import OutOfMemoryBudget
-    from edgellm.planner import draft_bytes, parse_bytes, plan
-
-    alone = plan(source, budget, want_context=context_length)
-    precision, context = alone.kv_precision or "int4", max(alone.context_length, 1)
-    with open_model(resolve(draft)) as draft_source:
-        fixed, needed = draft_bytes(draft_source, 0, precision), draft_bytes(draft_source, context, precision)
-    left = parse_bytes(budget) - needed
-    if left <= 0 or not plan(source, left, want_context=context_length).fits:
-        raise OutOfMemoryBudget(needed, max(alone.kv_budget_bytes, 0), "the speculative draft")
-    return left, KVConfig(k_precision=precision, v_precision=precision, budget_bytes=max(needed - fixed, 1))
-
-
-def _attach_loaded_draft(model: Model, draft: Model) -> None:
-    try:
-        model.attach_draft(draft, owned=True)
-    except BaseException:
-        draft.close()  # a draft that cannot draft for this model is not kept open
-        raise
-
-
 def last_completion(events: Iterator[GenerationEvent]) -> Completion:
     """Run a stream to its end and return its Completion."""
     for event in events:
         if isinstance(event, Completion):
             return event
     raise RuntimeError("generation ended without a Completion")  # a bug, not bad input
-
-
-def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threads: int | None = None,
-         context_length: int | None = None, kv: KVConfig | None = None,
-         memory_budget: int | str | None = None, speculative: str | None = None,
-         draft: str | Path | Model | None = None) -> Model:
-    """Load a registered model name, a .gguf file, a Hugging Face folder or an edgellm
-    quantized file (`edgellm quantize`).
-
-    mode "fast" keeps 4-bit weights packed and multiplies in bf16; "exact" dequantizes
-    everything to fp32 (slow; the reference for parity checks). With memory_budget ("1.5GB"),
-    the planner picks the context and KV precision that fit and the KV pool enforces it:
-    work that would exceed it raises OutOfMemoryBudget instead of the process being killed.
-
-    speculative ("lookup", "draft", "self"; default off) makes it every generation's default;
-    `draft` (a name, path or loaded Model with the same vocabulary) is the draft model."""
-    configure_threads(threads)
-    return_large_frees_to_os()
-    source = open_model(resolve(name_or_path))
-    try:
-        draft_kv = None
-        if memory_budget is not None:
-            if draft is not None and not isinstance(draft, Model):
-                memory_budget, draft_kv = _budget_beside_draft(source, memory_budget, context_length, draft)
-            context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
-        model = Model(source, mode, context_length, kv, speculative)
-        if isinstance(draft, Model):
-            model.attach_draft(draft)
-        elif draft is not None:
-            _attach_loaded_draft(model, load(draft, mode=mode, context_length=model.context_length, kv=draft_kv))
-    except BaseException:
-        source.close()
-        raise
-    return_freed_heap()
-    reuse_freed_pages()
-    return model

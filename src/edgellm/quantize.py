@@ -106,7 +106,7 @@ def quantize_model(src: str | Path, out: str | Path, recipe: str, calibrate: str
 
 
 def _calibrate(path: Path, floats: dict[str, torch.Tensor], text_file: str, scheme_of, progress) -> float:
-    from edgellm.model import load
+    from edgellm.loader import load
     from edgellm.quant.awq import MAX_ROWS, apply_awq, capture_inputs
 
     text = Path(text_file).read_text(encoding="utf-8")

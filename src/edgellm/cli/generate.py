@@ -22,7 +22,7 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
     if args.threads is not None and args.threads < 1:
         raise InvalidRequest(f"threads must be >= 1, got {args.threads}")
     path = resolve(args.model)  # a bad name fails here, before the slow torch import
-    from edgellm.model import load
+    from edgellm.loader import load
 
     kv = _kv_config(args)
     print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)

@@ -77,7 +77,7 @@ def _evaluate(model: str, reference: str | None, text_file: str | None, mode: st
     from pathlib import Path
 
     from edgellm.evaluate import evaluate
-    from edgellm.model import load
+    from edgellm.loader import load
 
     text = Path(text_file).read_text(encoding="utf-8") if text_file else None
     with load(model, mode=mode) as m:

@@ -129,7 +129,7 @@ def _bench_memory(model_name: str, args: argparse.Namespace) -> int:
 
 def _op_times(model_name: str, args: argparse.Namespace) -> int:
     from edgellm.bench.profile import profile_decode
-    from edgellm.model import load
+    from edgellm.loader import load
 
     threads = args.threads[0] if args.threads else None
     from edgellm import kernels
@@ -206,7 +206,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     thermal = ThermalGovernor(args.thermal_source, threshold_c=args.thermal_threshold)
     fallback = None
     if args.fallback_model:
-        from edgellm.model import load
+        from edgellm.loader import load
 
         fallback = load(args.fallback_model, threads=args.threads)
     app = create_app(model, model_id=args.model, api_key=args.api_key, thermal=thermal,

@@ -67,20 +67,20 @@ def json_schema(schema: dict | str | type, strict: bool = True) -> Constraint:
             raise InvalidConstraint("json_schema", f"not JSON: {error}") from None
     if not isinstance(schema, dict):
         raise InvalidConstraint("json_schema", f"a schema is a JSON object, got {type(schema).__name__}")
-    compiled = _closed(schema) if strict else schema
+    compiled = closed_objects(schema) if strict else schema
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(compiled, overrides=JSON_OPTIONS)
     except ValueError as error:
         raise InvalidConstraint("json_schema", str(error)) from None
     note = "Answer with only a JSON object that matches this JSON schema:\n" + json.dumps(compiled, ensure_ascii=False)
-    return Constraint("json_schema", _checked("json_schema", grammar), schema=schema, model=model, instructions=note)
+    return Constraint("json_schema", checked_grammar("json_schema", grammar), schema=schema, model=model, instructions=note)
 
 
 def any_json() -> Constraint:
     """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
     schema = {"type": "object"}
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-    return Constraint("json", _checked("json", grammar), schema=schema, instructions="Answer with only a JSON object.")
+    return Constraint("json", checked_grammar("json", grammar), schema=schema, instructions="Answer with only a JSON object.")
 
 
 def choice(options: Sequence[str]) -> Constraint:
@@ -88,7 +88,7 @@ def choice(options: Sequence[str]) -> Constraint:
     if isinstance(options, str) or not options or not all(isinstance(o, str) and o for o in options):
         raise InvalidConstraint("choice", "choices are a non-empty list of non-empty strings")
     lark = "start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
-    return Constraint("choice", _checked("choice", llguidance.LLMatcher.grammar_from_lark(lark)),
+    return Constraint("choice", checked_grammar("choice", llguidance.LLMatcher.grammar_from_lark(lark)),
                       choices=tuple(options), instructions=f"Answer with exactly one of: {', '.join(options)}.")
 
 
@@ -96,7 +96,7 @@ def regex(pattern: str) -> Constraint:
     """Output that matches `pattern` whole (Rust regex syntax, as Python's for common patterns)."""
     if not isinstance(pattern, str) or not pattern:
         raise InvalidConstraint("regex", "the pattern is empty")
-    return Constraint("regex", _checked("regex", llguidance.LLMatcher.grammar_from_regex(pattern)))
+    return Constraint("regex", checked_grammar("regex", llguidance.LLMatcher.grammar_from_regex(pattern)))
 
 
 def grammar(text: str) -> Constraint:
@@ -108,7 +108,7 @@ def grammar(text: str) -> Constraint:
         lark = any_to_lark(text)
     except Exception as error:  # the GBNF converter raises its own parse errors
         raise InvalidConstraint("grammar", str(error)) from None
-    return Constraint("grammar", _checked("grammar", llguidance.LLMatcher.grammar_from_lark(lark)))
+    return Constraint("grammar", checked_grammar("grammar", llguidance.LLMatcher.grammar_from_lark(lark)))
 
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -116,7 +116,7 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SUBSCHEMAS = ("items", "additionalProperties", "not", "contains")
 
 
-def _closed(schema: Any) -> Any:
+def closed_objects(schema: Any) -> Any:
     """A copy of `schema` whose objects without `additionalProperties` have it false."""
     if not isinstance(schema, dict):
         return schema
@@ -125,17 +125,17 @@ def _closed(schema: Any) -> Any:
         out["additionalProperties"] = False
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_closed(s) for s in out[key]]
+            out[key] = [closed_objects(s) for s in out[key]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: _closed(s) for name, s in out[key].items()}
+            out[key] = {name: closed_objects(s) for name, s in out[key].items()}
     for key in _SUBSCHEMAS:
         if key in out:
-            out[key] = _closed(out[key])
+            out[key] = closed_objects(out[key])
     return out
 
 
-def _checked(kind: str, grammar_text: str) -> str:
+def checked_grammar(kind: str, grammar_text: str) -> str:
     problem = llguidance.LLMatcher.validate_grammar(grammar_text)
     if problem and not problem.startswith("WARNING"):
         raise InvalidConstraint(kind, problem)

@@ -8,7 +8,7 @@ from typing import Any
 
 import llguidance
 
-from edgellm.constrain.spec import JSON_OPTIONS, Constraint, InvalidConstraint, _checked, _closed
+from edgellm.constrain.spec import JSON_OPTIONS, Constraint, InvalidConstraint, checked_grammar, closed_objects
 from edgellm.tool_calls import ToolFormat
 
 TOOL_CHOICES = ("none", "auto", "required")
@@ -49,7 +49,7 @@ def tool_constraint(tools: list[dict], tool_choice: Any, fmt: ToolFormat, parall
     rules = [f"calls: call{more} {sep}?",
              "call: " + " | ".join(f"call{i}" for i in range(len(functions)))]
     for i, (name, function) in enumerate(functions.items()):
-        schema = _closed(function.get("parameters") or {"type": "object", "properties": {}})
+        schema = closed_objects(function.get("parameters") or {"type": "object", "properties": {}})
         schema = {**schema, "x-guidance": JSON_OPTIONS}
         rules.append(f"call{i}: {_lit(fmt.call_prefix(name))} args{i} {_lit(fmt.call_suffix())}")
         rules.append(f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}")
@@ -58,7 +58,7 @@ def tool_constraint(tools: list[dict], tool_choice: Any, fmt: ToolFormat, parall
     else:
         rules = ["start: calls"] + rules
     grammar = llguidance.LLMatcher.grammar_from_lark("\n".join(rules))
-    return Constraint("tools", _checked("tools", grammar), cut=fmt.repeat_start)
+    return Constraint("tools", checked_grammar("tools", grammar), cut=fmt.repeat_start)
 
 
 def _lit(text: str) -> str:
