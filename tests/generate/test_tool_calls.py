@@ -87,3 +87,26 @@ def test_a_tool_round_trip_ends_in_an_answer(smollm2):
     assert answer.tool_calls is None and answer.text and answer.finish_reason in ("stop", "length")
     auto = smollm2.chat(conversation, tools=[WEATHER], max_tokens=60)
     assert auto.tool_calls or not auto.text.startswith(GENERIC.opener)  # a call, or an answer that is not one
+
+
+@pytest.mark.parametrize("template, expected", [("Qwen-Qwen2.5-7B-Instruct", "hermes"),
+                                                ("meta-llama-Llama-3.2-3B-Instruct", "llama3")])
+def test_a_template_with_its_own_tool_format_renders_tools_and_gets_calls_in_it(smollm2, template, expected):
+    from edgellm.chat_template import ChatTemplate
+    from tests.llama_fixtures import models_dir
+
+    own = smollm2.template
+    smollm2.template = ChatTemplate((models_dir() / "templates" / f"{template}.jinja").read_text(), smollm2.tokenizer)
+    try:
+        fmt = smollm2.template.tool_format
+        assert fmt.name == expected and fmt.native
+        prompt = smollm2.template.render(ASK, tools=[WEATHER])
+        assert "get_weather" in prompt and "You may call these tools" not in prompt  # the template's own words
+        done = smollm2.chat(ASK, tools=[WEATHER], tool_choice="required", max_tokens=200)
+        assert done.finish_reason == "tool_calls" and done.text.startswith(fmt.opener)
+        assert all(c["function"]["name"] == "get_weather" for c in done.tool_calls)
+        conversation = ASK + [{"role": "assistant", "content": None, "tool_calls": done.tool_calls[:1]},
+                              {"role": "tool", "tool_call_id": done.tool_calls[0]["id"], "content": "21 C"}]
+        assert smollm2.template.render(conversation, tools=[WEATHER])  # fed back through the template
+    finally:
+        smollm2.template = own
