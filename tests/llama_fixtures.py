@@ -40,6 +40,15 @@ def converter_script() -> Path:
     return root / "convert_hf_to_gguf.py"
 
 
+def lora_converter_script() -> Path:
+    """llama.cpp's `convert_lora_to_gguf.py` (PEFT folder -> GGUF LoRA), beside the HF converter."""
+    script = converter_script().parent / "convert_lora_to_gguf.py"
+    marker = script.parent / "complete-lora"
+    if not marker.exists():
+        _unpack(_sdist(), script.parent, _VENDOR, lambda inner: inner == _VENDOR + "convert_lora_to_gguf.py", marker)
+    return script
+
+
 def _is_model_fixture(inner: str) -> bool:
     return inner.startswith(_MODELS) and ("ggml-vocab-" in inner or inner.startswith(_MODELS + "templates/"))
 

@@ -35,6 +35,10 @@ class DraftMismatch(UnsupportedModel):
     """A speculative draft model that cannot draft for this target (another vocabulary)."""
 
 
+class AdapterMismatch(UnsupportedModel):
+    """A LoRA adapter that does not fit the base model (another architecture, shapes or rank)."""
+
+
 class InvalidRequest(EdgeLLMError):
     """Bad generation arguments (negative max_tokens, top_p outside (0, 1], ...)."""
 
