@@ -18,7 +18,7 @@ from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_freed_heap
 from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
-from edgellm.generate.drafters import Drafter, DraftModel, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
+from edgellm.generate.drafters import Drafter, DraftModel, GrammarForced, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
 from edgellm.generate.generator import Generation, prefill, prefill_chunk
 from edgellm.generate.speculative import SpeculationCosts, verify, warm_rows
 from edgellm.generate.sampling import GREEDY_BELOW, Sampler
@@ -124,16 +124,22 @@ class Model:
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
         grammar = self._grammar(sampling)
-        params, drafter, costs = self._decoding(sampling)
+        params, drafter, costs = self._decoding(sampling, grammar)
         return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, grammar=grammar,
                                **self._options())
 
-    def _decoding(self, sampling: dict[str, Any]) -> tuple[SamplingParams, Drafter | None, SpeculationCosts | None]:
+    def _decoding(self, sampling: dict[str, Any], grammar: GrammarState | None = None,
+                  ) -> tuple[SamplingParams, Drafter | None, SpeculationCosts | None]:
         """Sampling keywords (and `speculative`, default the model's) -> the sampling parameters,
-        a fresh drafter (None: plain decoding) and the costs its kind measured before."""
-        kind = _speculative_kind(sampling.pop("speculative", self.speculative))
+        a fresh drafter (None: plain decoding) and the costs its kind measured before. Under a
+        constraint the grammar's forced tokens are guessed too, unless speculative is "off"."""
+        requested = sampling.pop("speculative", self.speculative)
+        kind = _speculative_kind(requested)
         params = _params(sampling)
-        return params, self.drafter(kind, params), self._speculation_costs(kind)
+        drafter = self.drafter(kind, params)
+        if grammar is not None and requested != "off":
+            return params, GrammarForced(grammar, drafter), None
+        return params, drafter, self._speculation_costs(kind)
 
     def _grammar(self, sampling: dict[str, Any]) -> GrammarState | None:
         """The `constraint` (or `schema`) keyword as a fresh grammar state; None: unconstrained."""
@@ -235,7 +241,7 @@ class Model:
         constraint = self._constraint(sampling)
         ids = self.chat_ids(prompt, tools, constraint) if chat else self._ids(prompt)
         grammar = None if constraint is None else GrammarState(constraint, self.tokenizer)
-        params, drafter, costs = self._decoding(sampling)
+        params, drafter, costs = self._decoding(sampling, grammar)
         generation = Generation(self.net, ids, params, grammar=grammar, **self._options(kv))
         if drafter is not None:
             generation.speculate(drafter, costs)

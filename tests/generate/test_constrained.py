@@ -141,3 +141,16 @@ def test_a_token_loop_inside_a_constraint_is_broken(smollm2):
     state.consume(five)
     allowed = state.allowed()
     assert not allowed[five] and allowed.sum() > 1  # a twelfth is a loop: anything else may follow
+
+
+def test_tokens_the_grammar_forces_are_checked_as_guesses_with_the_same_output(smollm2):
+    for prompt in (TICKET_PROMPT, [{"role": "user", "content": "Ada is 36 and lives in London. Extract the contact."}]):
+        plain = smollm2.chat(prompt, schema=Ticket, max_tokens=100, speculative="off")
+        guessed = smollm2.chat(prompt, schema=Ticket, max_tokens=100)
+        assert guessed.token_ids == plain.token_ids and guessed.constraint_met == plain.constraint_met
+        assert plain.timings.drafted_tokens == 0
+        assert guessed.timings.speculative == "grammar" and guessed.timings.accepted_tokens > 0
+    with_lookup = smollm2.chat(TICKET_PROMPT, schema=Ticket, max_tokens=100, speculative="lookup")
+    assert with_lookup.timings.speculative == "grammar+lookup"
+    assert with_lookup.token_ids == smollm2.chat(TICKET_PROMPT, schema=Ticket, max_tokens=100,
+                                                 speculative="off").token_ids

@@ -3,6 +3,7 @@ then checks in one pass (generate/speculative.py).
 
 * PromptLookup — no model: continue the longest recent n-gram of the context that occurred
   before (summaries, rewrites, RAG answers and code edits copy spans of their prompt).
+* GrammarForced — under a constraint, the tokens the grammar forces next.
 * DraftModel — a smaller model with the same vocabulary (or the target's first layers: the
   self-speculative draft), decoding greedily or by sampling on its own KV cache, rolled back
   when the target rejects its guesses.
@@ -127,6 +128,26 @@ class DraftModel:
         if self.seq is not None:
             self.seq.release()
             self.seq = None
+
+
+class GrammarForced:
+    """Under a constraint, the tokens its grammar forces next (a JSON key and its quotes after
+    a value) are sure guesses; elsewhere `then`'s guesses, if there is a drafter. The model
+    still checks them, so the tokens are plain constrained decoding's own."""
+
+    def __init__(self, grammar, then: Drafter | None = None):
+        self.grammar, self.then = grammar, then
+        self.name = "grammar" if then is None else f"grammar+{then.name}"
+
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+        forced = self.grammar.forced()[:k]
+        if forced or self.then is None:
+            return forced, None
+        return self.then.propose(context, k)
+
+    def close(self) -> None:
+        if self.then is not None:
+            self.then.close()
 
 
 class NoDraft:
