@@ -110,20 +110,20 @@ class Model:
         calls (Completion.tool_calls, finish_reason "tool_calls") or, for tool_choice "auto",
         plain text; "required" or {"type": "function", "function": {"name": ...}} force calls."""
         fmt = self.template.tool_format
-        shown, constraint = tool_request(validate_tools(tools), tool_choice, fmt, parallel_tool_calls)
+        shown, calling = tool_request(validate_tools(tools), tool_choice, fmt, parallel_tool_calls)
         asked = self._constraint(sampling)
-        if constraint is not None and asked is not None:
+        if calling is not None and asked is not None:
             raise InvalidRequest("tools and a schema or constraint cannot constrain one answer")
-        constraint = constraint or asked
+        constraint = calling or asked
         events = self._stream_ids(self.chat_ids(messages, shown, constraint), {**sampling, "constraint": constraint})
         if stream:
             return events  # tool_calls.ToolCallStream(fmt) reads calls out of the streamed text
         done = last_completion(events)
-        calls = fmt.parse(done.text) if constraint is not None and done.constraint_met else None
+        calls = fmt.parse(done.text) if calling is not None and done.constraint_met else None
         return replace(done, finish_reason="tool_calls", tool_calls=calls) if calls else done
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
-        grammar = self._grammar(sampling)
+        grammar = self._grammar(self._constraint(sampling))
         params, drafter, costs = self._decoding(sampling, grammar)
         return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, grammar=grammar,
                                **self._options())
@@ -141,9 +141,8 @@ class Model:
             return params, GrammarForced(grammar, drafter), None
         return params, drafter, self._speculation_costs(kind)
 
-    def _grammar(self, sampling: dict[str, Any]) -> GrammarState | None:
-        """The `constraint` (or `schema`) keyword as a fresh grammar state; None: unconstrained."""
-        constraint = self._constraint(sampling)
+    def _grammar(self, constraint: Constraint | None) -> GrammarState | None:
+        """A fresh grammar state for one generation under `constraint`; None: unconstrained."""
         return None if constraint is None else GrammarState(constraint, self.tokenizer)
 
     @staticmethod
@@ -240,7 +239,7 @@ class Model:
         engine speculates when the generation decodes alone)."""
         constraint = self._constraint(sampling)
         ids = self.chat_ids(prompt, tools, constraint) if chat else self._ids(prompt)
-        grammar = None if constraint is None else GrammarState(constraint, self.tokenizer)
+        grammar = self._grammar(constraint)
         params, drafter, costs = self._decoding(sampling, grammar)
         generation = Generation(self.net, ids, params, grammar=grammar, **self._options(kv))
         if drafter is not None:

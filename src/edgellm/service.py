@@ -91,7 +91,7 @@ class Service:
             handle.prompt_ids = model.prompt_ids(request.prompt)
         else:
             messages = request.prompt
-            ids = model.chat_ids(messages, request.tools, request.sampling.get("constraint"))
+            ids = _chat_ids(model, messages, request)
             if len(ids) >= model.context_length:
                 messages, ids = self._trim_conversation(messages, len(ids), request)
                 handle.request = replace(request, prompt=messages)
@@ -111,7 +111,7 @@ class Service:
         while drop <= len(turns):  # the counts are estimates: check, and drop one more if needed
             gone = {i for turn in turns[:drop] for i in turn}
             kept = [m for i, m in enumerate(messages) if i not in gone]
-            ids = model.chat_ids(kept, request.tools, request.sampling.get("constraint"))
+            ids = _chat_ids(model, kept, request)
             if len(ids) < model.context_length:
                 return kept, ids
             drop += 1
@@ -252,8 +252,7 @@ class Service:
     def _fallback_tokens(self, request: Request) -> int:
         """The prompt's length in the fallback model's tokens (its tokenizer may differ)."""
         model = self.fallback_model
-        return len(model.chat_ids(request.prompt, request.tools, request.sampling.get("constraint")) if request.chat
-                   else model.prompt_ids(request.prompt))
+        return len(_chat_ids(model, request.prompt, request) if request.chat else model.prompt_ids(request.prompt))
 
     def _room(self, model, prompt_tokens: int | None = None, prompt: Sequence[int] = ()) -> ModelRoom:
         """What admission sees of a model's KV: its byte budget minus what running requests
@@ -364,3 +363,7 @@ def _droppable_turns(messages: list[dict]) -> list[list[int]]:
             turns[-1].append(i)
     return turns[:-1]
 
+
+def _chat_ids(model, messages: list[dict], request: Request) -> list[int]:
+    """A conversation's prompt ids with the request's tools and its constraint's note."""
+    return model.chat_ids(messages, request.tools, request.sampling.get("constraint"))

@@ -90,14 +90,13 @@ def _parts(model, text: str, room: int) -> list[str]:
     that is cut by tokens)."""
     if room < 64:
         raise InvalidRequest("the context is too short to summarize in")
-    encode = model.tokenizer.encode
+    tokenizer = model.tokenizer
     parts, current, used = [], [], 0
     for paragraph in [p for p in text.split("\n\n") if p.strip()] or [text]:
-        ids = encode(paragraph, add_special_tokens=False)
-        pieces = [model.tokenizer.decode(ids[i:i + room]) for i in range(0, len(ids), room)] if len(ids) > room \
-            else [paragraph]
-        for piece in pieces:
-            n = len(encode(piece, add_special_tokens=False))
+        ids = tokenizer.encode(paragraph, add_special_tokens=False)
+        cuts = [ids[i:i + room] for i in range(0, len(ids), room)]
+        pieces = [(tokenizer.decode(c), len(c)) for c in cuts] if len(cuts) > 1 else [(paragraph, len(ids))]
+        for piece, n in pieces:
             if current and used + n > room:
                 parts.append("\n\n".join(current))
                 current, used = [], 0

@@ -119,14 +119,14 @@ class GrammarState:
         self.mask_s += time.perf_counter() - started
         return masked
 
-    def end_at(self, text: str) -> int | None:
-        """Where the output `text` so far should end though the grammar goes on (before a tool
-        call that repeats an earlier one: a small model's loop); None: it goes on."""
+    def end_at(self, pieces: list[str]) -> int | None:
+        """Where the output so far (its text in pieces) should end though the grammar goes on
+        (before a tool call that repeats an earlier one: a small model's loop); None: it goes on."""
         cut = self.constraint.cut
         if cut is None:
-            return None  # without waiting for the next mask
+            return None  # without joining the text or waiting for the next mask: every token asks
         self._settle()
-        return None if self.matcher.is_error() else cut(text)
+        return None if self.matcher.is_error() else cut("".join(pieces))
 
     def consume(self, token: int) -> None:
         """Take `token`; the next mask is computed meanwhile in a worker thread (llguidance

@@ -123,7 +123,7 @@ class Generation:
         events: list[GenerationEvent] = [TokenEvent(token, text)]
         if self.stops.matched is not None:
             events.append(self.finish("stop", self.stops.matched))
-        elif text and self.grammar is not None and (keep := self.grammar.end_at("".join(self.pieces))) is not None:
+        elif text and self.grammar is not None and (keep := self.grammar.end_at(self.pieces)) is not None:
             events.append(self.finish("stop", token, keep))
         elif len(self.generated) >= self.budget:
             events.append(self.finish("length", None))

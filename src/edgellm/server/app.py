@@ -273,11 +273,11 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
                 if event is DONE:
                     return
                 if isinstance(event, TokenEvent):
-                    for delta in deltas.push(event.text) if chat else [event.text] if event.text else []:
+                    for delta in deltas.push(event.text):
                         yield _chunk(rid, created, model_id, delta, None, chat)
                     continue
-                held, finish_reason = deltas.finish(event.finish_reason) if chat else ([], event.finish_reason)
-                for delta in deltas.push(event.tail) + held if chat else [event.tail] if event.tail else []:
+                held, finish_reason = deltas.finish(event.finish_reason)
+                for delta in deltas.push(event.tail) + held:
                     yield _chunk(rid, created, model_id, delta, None, chat)
                 yield _chunk(rid, created, model_id, None, finish_reason, chat)
                 if include_usage:
@@ -338,7 +338,8 @@ def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: 
         body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_id,
                 "choices": [choice]}
     else:
-        choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish_reason}
+        text = content["content"] if isinstance(content, dict) else content or ""  # a StreamedDeltas delta
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         body = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice]}
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 

@@ -71,7 +71,7 @@ def chat_message(done: Completion, asked: Structure) -> tuple[dict, str]:
 
 
 class StreamedDeltas:
-    """A chat stream's text as OpenAI deltas: content, or tool calls (id, type and name
+    """A stream's text as OpenAI deltas: content, or (chat) tool calls (id, type and name
     first, then the arguments) when the answer is calls."""
 
     def __init__(self, asked: Structure):
