@@ -24,6 +24,7 @@ from edgellm.generate.speculative import SpeculationCosts, verify, warm_rows
 from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix
+from edgellm.lora import Adapter, AdapterSet
 from edgellm.models import build_model, first_layers, layer_specs
 
 Message = dict[str, str]
@@ -88,15 +89,27 @@ class Model:
         salt = f"{self.info.name}|{self.info.file_bytes}|{mode}"
         self.kv = KVManager(self.net.cache_specs(), kv or KVConfig.for_mode(mode), self.context_length, salt=salt)
         self._message_overhead: int | None = None
+        # LoRA adapters over this base, picked per generation (adapter=NAME); bf16 where the native layers read them
+        self.adapters = AdapterSet(self.config, torch.bfloat16 if mode == "fast" else torch.float32)
+
+    def load_adapter(self, path: str | Path, name: str | None = None, scale: float = 1.0) -> Adapter:
+        """Make a LoRA adapter (a PEFT folder or a GGUF LoRA) resident over this model as `name`;
+        generations pick it with adapter=name. `scale` multiplies its alpha / rank."""
+        return self.adapters.load(path, name, scale)
+
+    def unload_adapter(self, name: str) -> None:
+        """New generations can no longer pick `name`; running ones finish under it."""
+        self.adapters.unload(name)
 
     # -- generation ----------------------------------------------------------------------
 
     def stream(self, prompt: str | Sequence[int], **sampling: Any) -> Iterator[GenerationEvent]:
         """TokenEvents as tokens are generated, then one Completion. Sampling keywords are
         SamplingParams fields (temperature, top_k, top_p, min_p, repetition_penalty, seed,
-        max_tokens, stop), `speculative`, and a constraint on the output: `schema` (a JSON
+        max_tokens, stop), `speculative`, a constraint on the output: `schema` (a JSON
         schema dict or a pydantic model; Completion.parsed holds the object) or `constraint`
-        (edgellm.constrain: json_schema, any_json, choice, regex, grammar)."""
+        (edgellm.constrain: json_schema, any_json, choice, regex, grammar), and `adapter` (the
+        name of a resident LoRA adapter, load_adapter)."""
         return self._stream_ids(self._ids(prompt), sampling)
 
     def generate(self, prompt: str | Sequence[int], **sampling: Any) -> Completion:
@@ -124,9 +137,9 @@ class Model:
 
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
         grammar = self._grammar(self._constraint(sampling))
+        options = self._options(adapter=sampling.pop("adapter", None))
         params, drafter, costs = self._decoding(sampling, grammar)
-        return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, grammar=grammar,
-                               **self._options())
+        return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, grammar=grammar, **options)
 
     def _decoding(self, sampling: dict[str, Any], grammar: GrammarState | None = None,
                   ) -> tuple[SamplingParams, Drafter | None, SpeculationCosts | None]:
@@ -240,8 +253,9 @@ class Model:
         constraint = self._constraint(sampling)
         ids = self.chat_ids(prompt, tools, constraint) if chat else self._ids(prompt)
         grammar = self._grammar(constraint)
+        options = self._options(kv, sampling.pop("adapter", None))
         params, drafter, costs = self._decoding(sampling, grammar)
-        generation = Generation(self.net, ids, params, grammar=grammar, **self._options(kv))
+        generation = Generation(self.net, ids, params, grammar=grammar, **options)
         if drafter is not None:
             generation.speculate(drafter, costs)
         return generation
@@ -271,14 +285,18 @@ class Model:
         """The KV manager of a precision ("int8", "f16:int4"; None: the model's default)."""
         return self.kv if precision is None else self.kv.for_precision(precision)
 
-    def _options(self, kv: str | None = None) -> dict[str, Any]:
-        return dict(token_bytes=self.tokenizer.token_bytes, eos_ids=self.tokenizer.eos_ids, kv=self.kv_for(kv),
+    def _options(self, kv: str | None = None, adapter: str | Adapter | None = None) -> dict[str, Any]:
+        manager = self.kv_for(kv).for_adapter(self.adapters.get(adapter))
+        return dict(token_bytes=self.tokenizer.token_bytes, eos_ids=self.tokenizer.eos_ids, kv=manager,
                     context_length=self.context_length)
 
-    def logits(self, ids: Sequence[int], kv: KVConfig | None = None) -> torch.Tensor:
+    def logits(self, ids: Sequence[int], kv: KVConfig | None = None, adapter: str | Adapter | None = None,
+               ) -> torch.Tensor:
         """Teacher-forced logits (T, V) for a token sequence (evaluation, parity checks),
-        computed in one pass over a fresh cache of the given (default: this model's) KV config."""
+        computed in one pass over a fresh cache of the given (default: this model's) KV config,
+        under a resident adapter if one is named."""
         manager = self.kv if kv is None else KVManager(self.net.cache_specs(), kv, self.context_length)
+        manager = manager.for_adapter(self.adapters.get(adapter))
         seq, _ = manager.new_sequence()
         try:
             seq.prepare(len(ids))

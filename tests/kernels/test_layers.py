@@ -128,13 +128,16 @@ class _Cache:
             self.slot_pos[slots] = torch.arange(upto)
 
 
-def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], pos: list[int]) -> torch.Tensor:
-    """fp64 layer output for each sequence, attending over the caches as the C layer left them."""
+def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], pos: list[int],
+               loras: list | None = None) -> torch.Tensor:
+    """fp64 layer output for each sequence, attending over the caches as the C layer left them;
+    `loras`: per sequence None or an adapter's effective weight changes (_Lora.deltas)."""
     out = []
     for i, (cache, p) in enumerate(zip(caches, pos)):
+        w = _effective(layer, None if loras is None else loras[i])
         xi = x[i].double()
         n = _rms(xi, layer.norms[0])
-        qkv = (layer.w_qkv @ n).view(HEADS + 2 * KV_HEADS, DIM)
+        qkv = (w["qkv"] @ n).view(HEADS + 2 * KV_HEADS, DIM)
         if layer.head_norm:
             qkv[:HEADS] = _rms(qkv[:HEADS], layer.head_norms[0])
             qkv[HEADS:HEADS + KV_HEADS] = _rms(qkv[HEADS:HEADS + KV_HEADS], layer.head_norms[1])
@@ -149,12 +152,12 @@ def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], p
             scores = keys[kv] @ q[h] * DIM ** -0.5
             scores[~visible] = -math.inf
             heads.append(torch.softmax(scores, 0) @ values[kv])
-        attn = layer.w_o @ torch.cat(heads)
+        attn = w["o"] @ torch.cat(heads)
         h1 = xi + (_rms(attn, layer.norms[1]) if layer.gemma else attn)
         m = _rms(h1, layer.norms[2])
-        gate, up = (layer.w_gate_up @ m).chunk(2)
+        gate, up = (w["gate_up"] @ m).chunk(2)
         act = torch.nn.functional.gelu(gate, approximate="tanh") if layer.gemma else torch.nn.functional.silu(gate)
-        mlp = layer.w_down @ (act * up)
+        mlp = w["down"] @ (act * up)
         out.append(h1 + (_rms(mlp, layer.norms[3]) if layer.gemma else mlp))
     return torch.stack(out)
 
@@ -181,9 +184,74 @@ def test_decoder_layer_matches_fp64(lib, family, k, v, ring):
     run.restype = None
     run(ctypes.byref(layer.desc), ctypes.c_void_p(ours.data_ptr()), ctypes.c_int(len(pos)), ctypes.c_void_p(cos.data_ptr()),
         ctypes.c_void_p(sin.data_ptr()), slots, (ctypes.c_int64 * len(pos))(*pos), ctypes.c_void_p(buf.data_ptr()),
-        ctypes.c_void_p(work.data_ptr()), ctypes.c_int(2))
+        ctypes.c_void_p(work.data_ptr()), ctypes.c_int(2), None)
     expected = _reference(layer, x, cos, sin, caches, pos)
     # int16 activations in every GEMV: ~1e-4 of the largest value
     assert (ours.double() - expected).abs().max() < 1e-3 * expected.abs().max()
     if ring:
         assert caches[2].slot_pos[30 % WINDOW] == 30  # the new position took its ring slot
+
+
+def _effective(layer: _Layer, lora: dict | None) -> dict[str, torch.Tensor]:
+    """The layer's fp64 weights, plus s B A on each part an adapter changes."""
+    w = {"qkv": layer.w_qkv, "o": layer.w_o, "gate_up": layer.w_gate_up, "down": layer.w_down}
+    if lora is None:
+        return w
+    rows = {"q": ("qkv", 0), "k": ("qkv", HEADS * DIM), "v": ("qkv", (HEADS + KV_HEADS) * DIM), "o": ("o", 0),
+            "gate": ("gate_up", 0), "up": ("gate_up", INTER), "down": ("down", 0)}
+    w = {k: v.clone() for k, v in w.items()}
+    for part, delta in lora.items():
+        name, start = rows[part]
+        w[name][start:start + delta.shape[0]] += delta
+    return w
+
+
+class _Lora:
+    """A random adapter for one layer as the C layer reads it (bf16 A and B^T) and its fp64 changes."""
+
+    SHAPES = {"q": (HEADS * DIM, HIDDEN), "k": (KV_HEADS * DIM, HIDDEN), "v": (KV_HEADS * DIM, HIDDEN),
+              "o": (HIDDEN, HEADS * DIM), "gate": (INTER, HIDDEN), "up": (INTER, HIDDEN), "down": (HIDDEN, INTER)}
+
+    def __init__(self, parts, rank: int, scale: float, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.tensors, self.deltas = [], {}
+        self.struct = decode._LoraLayer()
+        for part in parts:
+            out_dim, in_dim = self.SHAPES[part]
+            a = (torch.randn(rank, in_dim, generator=g) * 0.1).bfloat16()
+            b_t = (torch.randn(rank, out_dim, generator=g) * 0.1).bfloat16()
+            self.tensors += [a, b_t]
+            self.struct.part[decode._LORA_PARTS.index(part)] = decode._LoraPair(a.data_ptr(), b_t.data_ptr(), rank, scale)
+            self.deltas[part] = scale * b_t.double().T @ a.double()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_decoder_layer_adds_each_rows_own_lora(lib, family):
+    """Three rows in one call: one under an adapter on every projection, one the base alone,
+    one under another adapter (other rank and scale) on some projections."""
+    layer = _Layer(family)
+    loras = [_Lora(decode._LORA_PARTS, 16, 2.0, 1), None, _Lora(("q", "v", "up", "down"), 8, 4.0, 2)]
+    g = torch.Generator().manual_seed(3)
+    pos = [5, 17, 9]
+    caches = [_Cache("f32", "f32", False) for _ in pos]
+    for cache, p in zip(caches, pos):
+        cache.fill(p, g)
+    x = torch.randn(len(pos), HIDDEN, generator=g)
+    angles = torch.tensor(pos, dtype=torch.float64)[:, None] * (1e-2 ** torch.arange(DIM // 2) / (DIM // 2))
+    cos, sin = (f(torch.cat([angles, angles], dim=-1)).float().contiguous() for f in (torch.cos, torch.sin))
+    ours = x.clone()
+    slots = (decode._KVSlots * len(pos))(*(c.slots() for c in caches))
+    rows = (ctypes.c_void_p * len(pos))(*(None if l is None else ctypes.addressof(l.struct) for l in loras))
+    buf = torch.empty(lib.edgellm_layer_floats(ctypes.byref(layer.desc.dims), len(pos)), dtype=torch.float32)
+    work = torch.empty(lib.edgellm_block_gemv_work(8, INTER), dtype=torch.uint8)
+    run = lib.edgellm_gemma_layer if family == "gemma3" else lib.edgellm_llama_layer
+    run.restype = None
+    run(ctypes.byref(layer.desc), ctypes.c_void_p(ours.data_ptr()), ctypes.c_int(len(pos)), ctypes.c_void_p(cos.data_ptr()),
+        ctypes.c_void_p(sin.data_ptr()), slots, (ctypes.c_int64 * len(pos))(*pos), ctypes.c_void_p(buf.data_ptr()),
+        ctypes.c_void_p(work.data_ptr()), ctypes.c_int(2), rows)
+    expected = _reference(layer, x, cos, sin, caches, pos, [None if l is None else l.deltas for l in loras])
+    assert (ours.double() - expected).abs().max() < 1e-3 * expected.abs().max()
+    base = _reference(layer, x, cos, sin, caches, pos)
+    assert torch.equal(expected[1], base[1])
+    assert (expected[0] - base[0]).abs().max() > 0.05 * base[0].abs().max()  # the adapters change their rows
+    assert (expected[2] - base[2]).abs().max() > 0.05 * base[2].abs().max()

@@ -238,7 +238,7 @@ static void test_kv_encode(void) {
    sequences for a few positions, keys and values in the given codecs (INT8 / INT4). */
 static void test_layer(int gemma, int k_codec, int v_codec) {
     typedef void (*layer_t)(const void *, float *, int, const float *, const float *, KVSlots *, const int64_t *,
-                            float *, void *, int);
+                            float *, void *, int, const LoraLayer *const *);
     typedef int64_t (*floats_t)(const LayerDims *, int);
     BOTH(layer_t, edgellm_llama_layer);
     BOTH(layer_t, edgellm_gemma_layer);
@@ -272,6 +272,18 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
             scale[lib][kv] = calloc((size_t)(M * kvn / 16), 2);
             mins[lib][kv] = calloc((size_t)(M * kvn / 32), 2);
         }
+    /* rows 0 and 2 under a rank-8 LoRA on every projection (row 2 with half its scale), row 1 the base alone */
+    int64_t ins[LORA_PARTS] = {256, 256, 256, 256, 256, 256, 512};  /* o reads the 4 x 64 attention */
+    LoraLayer adapters[2];
+    uint16_t *lora_w = malloc(2 * 8 * 4096 * LORA_PARTS * sizeof(uint16_t));
+    for (int64_t i = 0; i < 2 * 8 * 4096 * LORA_PARTS; i++) lora_w[i] = to_bf16(uniform() * 0.05f);
+    for (int a = 0; a < 2; a++)
+        for (int p = 0; p < LORA_PARTS; p++) {
+            LoraPair pair = {lora_w + (a * LORA_PARTS + p) * 8 * 4096, lora_w + (a * LORA_PARTS + p) * 8 * 4096 + 8 * ins[p],
+                             8, a ? 1.f : 2.f};
+            adapters[a].part[p] = pair;
+        }
+    const LoraLayer *rows[M] = {&adapters[0], NULL, &adapters[1]};
     float *buf = floats(edgellm_layer_floats_c(&dims, M));
     void *work = malloc(1 << 20);
     for (int step = 0; step < STEPS; step++) {
@@ -305,11 +317,11 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
             }
             layer_t run = gemma ? (lib ? edgellm_gemma_layer_r : edgellm_gemma_layer_c)
                                 : (lib ? edgellm_llama_layer_r : edgellm_llama_layer_c);
-            run(gemma ? (const void *)&G : (const void *)&L, lib ? xb : xa, M, cs, sn, slots, pos, buf, work, 1);
+            run(gemma ? (const void *)&G : (const void *)&L, lib ? xb : xa, M, cs, sn, slots, pos, buf, work, 1, rows);
         }
     }
     char what[96];
-    snprintf(what, sizeof what, "%s_layer 3 sequences, %s K / %s V, %d steps", gemma ? "gemma" : "llama",
+    snprintf(what, sizeof what, "%s_layer 3 sequences (2 LoRAs), %s K / %s V, %d steps", gemma ? "gemma" : "llama",
              k_codec == KV_INT8 ? "int8" : "int4", v_codec == KV_INT8 ? "int8" : "int4", STEPS);
     /* each step stores quantized K and V: a key that differs in its last float bit between the two
        builds can round to the next INT4 level, which later steps then read (~1e-3 measured) */
@@ -317,7 +329,7 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
     for (int lib = 0; lib < 2; lib++)
         for (int kv = 0; kv < 2; kv++) free(q[lib][kv]), free(scale[lib][kv]), free(mins[lib][kv]);
     free(qkv), free(sz), free(o), free(gu), free(down), free(norms), free(xa), free(xb), free(cs), free(sn);
-    free(buf), free(work);
+    free(buf), free(work), free(lora_w);
 }
 
 int main(int argc, char **argv) {

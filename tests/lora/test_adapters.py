@@ -106,22 +106,20 @@ def test_adapters_that_do_not_fit_are_typed_errors(base, tmp_path):
         load_adapter(tmp_path / "missing", config)
 
 
-def test_exact_mode_with_an_adapter_equals_transformers_with_peft(base, tmp_path):
-    from edgellm.formats.gguf import open_gguf as _open
-    from edgellm.kv import fresh_sequence
-    from edgellm.lora.apply import apply_adapter
-    from edgellm.models import build_model
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_exact_mode_with_an_adapter_equals_transformers_with_peft(tmp_path, arch):
+    import edgellm
 
-    root, weights, config = base
-    adapted = _peft_adapter(hf_model("llama", weights), tmp_path / "a", rank=4, alpha=8)
-    tokens = torch.tensor([[1, 5, 9, 14, 3, 77, 20, 41]])
+    weights = random_weights(arch)
+    adapted = _peft_adapter(hf_model(arch, weights), tmp_path / "a", rank=4, alpha=8)
+    tokens = [1, 5, 9, 14, 3, 77, 20, 41]
     with torch.inference_mode():
-        reference = adapted(tokens).logits[0]
-        plain = hf_model("llama", weights)(tokens).logits[0]
-    with _open(root / "base.gguf") as source, torch.inference_mode():  # the weights are views of the file
-        net = build_model(source, VOCAB, "exact")
-        apply_adapter(net, load_adapter(tmp_path / "a", config))
-        ours = net(tokens, fresh_sequence(net))[0]
+        reference = adapted(torch.tensor([tokens])).logits[0]
+        plain = hf_model(arch, weights)(torch.tensor([tokens])).logits[0]
+    with edgellm.load(write_gguf(tmp_path / "base.gguf", arch, weights, tokenizer="llama"), mode="exact") as model:
+        model.load_adapter(tmp_path / "a", "a")
+        ours, base = model.logits(tokens, adapter="a"), model.logits(tokens)
     spread = float(reference.max() - reference.min())
     assert float((ours - reference).abs().max()) <= 1e-3 * spread
+    assert float((base - plain).abs().max()) <= 1e-3 * spread  # the base itself is left as it was
     assert float((plain - reference).abs().max()) > 0.05 * spread  # the adapter changes the logits

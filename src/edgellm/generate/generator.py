@@ -221,7 +221,9 @@ def decode_with_prompt_chunk(model: CausalLM, generations: list[Generation], new
     for g in generations:
         g.seq.prepare(1)
     newcomer.seq.prepare(len(piece))
-    logits = decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations] + [(newcomer.seq.layers, piece)])
+    everyone = [*generations, newcomer]
+    logits = decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations] + [(newcomer.seq.layers, piece)],
+                               adapters=[g.seq.adapter for g in everyone])
     if logits is None:
         return None
     for g in generations:

@@ -124,7 +124,7 @@ def run_rows(model, seq, tokens: list[int], every_row: bool = False, undoable: b
     if undoable:
         seq.keep_overwritten(len(tokens))
     decoder = getattr(model, "decoder", None)
-    logits = decoder.step_rows([(seq.layers, tokens)], every_row=every_row) if decoder is not None else None
+    logits = None if decoder is None else decoder.step_rows([(seq.layers, tokens)], every_row, [seq.adapter])
     if logits is None:
         logits = model(torch.tensor([tokens]), seq, last_only=not every_row)[0]
     seq.advance(tokens)

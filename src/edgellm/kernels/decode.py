@@ -13,7 +13,8 @@ It applies in fast mode when everything the C layers assume holds: at most MAX_S
 new token per decoding sequence, or a few prompt tokens of one sequence: `step_rows`),
 every projection on edgellm's INT4 kernel (`Int4Linear`), on GGUF blocks or INT8 rows in place
 (`BlockLinear`) or dense, the model's MLP activation, and KV stores in f32, f16, bf16, int8 or
-int4 (kv/codecs.py), dense or sliding rings.
+int4 (kv/codecs.py), dense or sliding rings. Rows may run under LoRA adapters (bf16 pairs of a
+rank up to MAX_LORA_RANK on widths of whole vectors: lora_ops.h), each row its own.
 Otherwise `step` returns None and the model runs its PyTorch code — which stays the
 reference: tests/kernels/test_decode.py checks that the two agree."""
 from __future__ import annotations
@@ -59,6 +60,18 @@ class _KVPage(ctypes.Structure):
 class _KVSlots(ctypes.Structure):
     _fields_ = [("pages", _p), ("page_tokens", _i64), ("capacity", _i64), ("slot_pos", _p), ("used", _i64)]
 
+
+
+class _LoraPair(ctypes.Structure):
+    _fields_ = [("a", _p), ("bt", _p), ("rank", _i64), ("scale", _f32)]
+
+
+_LORA_PARTS = ("q", "k", "v", "o", "gate", "up", "down")  # layer_types.h's LORA_Q ... LORA_DOWN
+_MAX_LORA_RANK = 256
+
+
+class _LoraLayer(ctypes.Structure):
+    _fields_ = [("part", _LoraPair * len(_LORA_PARTS))]
 
 
 class _LayerDims(ctypes.Structure):
@@ -139,6 +152,8 @@ class FusedDecoder:
         # per cache: whether the C layers read it, and its KVSlots (rebuilt only when its pages
         # change: rebuilding ~30 per sequence every step cost ~1 ms)
         self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # per adapter: the address of its LoraLayer for each layer (None: the C layers cannot take it)
+        self._adapters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @classmethod
     def build(cls, net: NativeModel, mode: str) -> FusedDecoder | None:
@@ -166,19 +181,22 @@ class FusedDecoder:
         per_seq = _sequence_layers(caches)
         if per_seq is None or tokens.shape != (len(per_seq), 1):
             return None
-        logits = self.step_rows([(layers, [int(t)]) for layers, t in zip(per_seq, tokens[:, 0])])
+        adapters = [getattr(s, "adapter", None) for s in getattr(caches, "sequences", [caches])]
+        logits = self.step_rows([(layers, [int(t)]) for layers, t in zip(per_seq, tokens[:, 0])], adapters=adapters)
         return None if logits is None else logits.unsqueeze(1)
 
-    def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False) -> torch.Tensor | None:
+    def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False,
+                  adapters: Sequence | None = None) -> torch.Tensor | None:
         """One native call per layer for several sequences' next tokens: (a sequence's per-layer
         caches, its tokens), one token for a decode step or a few for a prompt chunk or a
         speculative check (rows of one sequence are written and attended in order, so each sees
-        the ones before it: causal). At most MAX_SEQS rows in all. Returns (len(work), V) logits
-        of each entry's last token (every_row: (rows, V), each row's), or None if the caches do
-        not fit."""
+        the ones before it: causal). At most MAX_SEQS rows in all. `adapters`: each entry's LoRA
+        adapter (None: the base). Returns (len(work), V) logits of each entry's last token
+        (every_row: (rows, V), each row's), or None if the caches or adapters do not fit."""
         rows = [(layers, layers[0].offset + j, t) for layers, tokens in work for j, t in enumerate(tokens)]
         m = len(rows)
-        if not 0 < m <= MAX_SEQS or not self._fits(work):
+        lora = self._lora_rows(work, adapters)
+        if not 0 < m <= MAX_SEQS or not self._fits(work) or lora is False:
             return None
         for layers, tokens in work:  # grow before any KVSlots points into the stores
             for cache in layers:
@@ -192,13 +210,30 @@ class FusedDecoder:
         threads, buf, scratch = torch.get_num_threads(), _p(self.buf.data_ptr()), _p(self.work.data_ptr())
         for i, (desc, (cos, sin)) in enumerate(zip(self.layers, ropes)):
             slots = (_KVSlots * m)(*(self._slots(layers[i]) for layers, _, _ in rows))
+            adapted = None if lora is None else (_p * m)(*(None if a is None else a[i] for a in lora))
             with kernels.profiled("edgellm::decode_layer"):
                 self.run_layer(ctypes.byref(desc), _p(x.data_ptr()), ctypes.c_int(m), _p(cos.data_ptr()),
-                               _p(sin.data_ptr()), slots, positions, buf, scratch, ctypes.c_int(threads))
+                               _p(sin.data_ptr()), slots, positions, buf, scratch, ctypes.c_int(threads), adapted)
             for layers, _, _ in rows:
                 layers[i].mark_written(1)
         picked = torch.arange(m) if every_row else torch.tensor(list(_last_rows(work)))
         return self.net.head(x[picked].view(len(picked), 1, -1))[:, 0]
+
+    def _lora_rows(self, work, adapters: Sequence | None) -> list | None | bool:
+        """Per row, its adapter's per-layer LoraLayer addresses (None: the base alone); None when
+        no row has an adapter, False when one cannot run natively."""
+        if adapters is None or all(a is None for a in adapters):
+            return None
+        per_entry = [None if a is None else self._native_adapter(a) for a in adapters]
+        if any(a is not None and p is None for a, p in zip(adapters, per_entry)):
+            return False
+        return [p for p, (_, tokens) in zip(per_entry, work) for _ in tokens]
+
+    def _native_adapter(self, adapter) -> list[int] | None:
+        if adapter not in self._adapters:
+            self._adapters[adapter] = _describe_adapter(adapter, len(self.layers))
+        described = self._adapters[adapter]
+        return None if described is None else described[1]
 
     def _fits(self, work) -> bool:
         for layers, tokens in work:
@@ -229,6 +264,25 @@ class FusedDecoder:
         rows = lambda pair: tuple(t.reshape(positions.shape[0], -1).contiguous() for t in pair)  # noqa: E731
         per_layer = self.net.rope_per_layer(positions)
         return [converted.setdefault(id(pair), rows(pair)) for pair in per_layer]
+
+
+def _describe_adapter(adapter, n_layers: int) -> tuple[ctypes.Array, list[int]] | None:
+    """An adapter as one LoraLayer per layer (pointing into its bf16 tensors) and their
+    addresses; None where the C layers cannot read it."""
+    lib = kernels.library()
+    vector = 16  # the widest ISA's floats per vector: every length a multiple of it
+    for pair in adapter.pairs.values():
+        rank, width = pair.a.shape[0], pair.b_t.shape[1]
+        if (pair.a.dtype, pair.b_t.dtype) != (torch.bfloat16, torch.bfloat16) or rank > _MAX_LORA_RANK \
+                or pair.a.shape[1] % vector or width % vector or lib is None:
+            return None
+    layers = (_LoraLayer * n_layers)()
+    for (i, part), pair in adapter.pairs.items():
+        if i < n_layers:
+            layers[i].part[_LORA_PARTS.index(part)] = _LoraPair(pair.a.data_ptr(), pair.b_t.data_ptr(),
+                                                                 pair.a.shape[0], adapter.scale)
+    size = ctypes.sizeof(_LoraLayer)
+    return layers, [ctypes.addressof(layers) + i * size for i in range(n_layers)]
 
 
 def _last_rows(work) -> list[int]:

@@ -7,17 +7,17 @@
 #include "layer_ops.h"
 
 void edgellm_gemma_layer(const GemmaLayer *L, float *x, int m, const float *cos, const float *sin, KVSlots *caches,
-                          const int64_t *pos, float *buf, void *work, int threads) {
+                          const int64_t *pos, float *buf, void *work, int threads, const LoraLayer *const *lora) {
     const LayerDims *D = &L->dims;
     LayerBuffers B = layer_buffers(D, m, buf);
 
-    attention_in(D, x, L->attn_norm, &L->qkv, NULL, L->q_norm, L->k_norm, cos, sin, m, &B, work, threads);
-    attention_out(D, &L->o, caches, pos, m, &B, work, threads);
+    attention_in(D, x, L->attn_norm, &L->qkv, NULL, L->q_norm, L->k_norm, cos, sin, m, lora, &B, work, threads);
+    attention_out(D, &L->o, caches, pos, m, lora, &B, work, threads);
     norm_rows(D, B.proj, L->post_attn_norm, m, B.proj);  /* Gemma norms a sublayer's output before the add */
     add_rows(x, B.proj, m, D->hidden);
 
     norm_rows(D, x, L->mlp_norm, m, B.n);
-    gated_mlp(D, &L->gate_up, &L->down, ACT_GELU_TANH, m, &B, work, threads);
+    gated_mlp(D, &L->gate_up, &L->down, ACT_GELU_TANH, m, lora, &B, work, threads);
     norm_rows(D, B.proj, L->post_mlp_norm, m, B.proj);
     add_rows(x, B.proj, m, D->hidden);
 }

@@ -4,6 +4,7 @@
 #include "decode_attention.h"
 #include "activation.h"
 #include "norm_rope.h"
+#include "lora_ops.h"
 
 void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed, const uint16_t *scale_zero,
                        int64_t n, int64_t kw, int64_t group, float *y, int64_t ldy, void *work, int threads);
@@ -25,7 +26,7 @@ static inline void dense_gemv(const void *w, int dtype, const float *x, int m, i
 
 /* One layer's scratch for m sequences, carved out of one buffer of edgellm_layer_floats(D, m) floats. */
 typedef struct {
-    float *n, *qkv, *att, *proj, *gu, *act, *scores;
+    float *n, *qkv, *att, *proj, *gu, *act, *lora, *scores;
 } LayerBuffers;
 
 static inline int64_t qkv_width(const LayerDims *D) { return (D->n_heads + 2 * D->n_kv) * D->head_dim; }
@@ -38,7 +39,8 @@ static inline LayerBuffers layer_buffers(const LayerDims *D, int m, float *buf) 
     B.proj = B.att + m * D->n_heads * D->head_dim;
     B.gu = B.proj + m * D->hidden;
     B.act = B.gu + m * 2 * D->inter;
-    B.scores = B.act + m * D->inter;
+    B.lora = B.act + m * D->inter;
+    B.scores = B.lora + m * 3 * MAX_LORA_RANK;
     return B;
 }
 
@@ -60,14 +62,17 @@ static inline void norm_rows(const LayerDims *D, const float *x, const float *w,
     for (int i = 0; i < m; i++) rms_norm(x + i * D->hidden, w, D->hidden, D->eps, out + i * D->hidden);
 }
 
-/* B->qkv = W_qkv RMSNorm(x) (+ bias), then each q and k head normed (q_norm / k_norm) and rotated:
-   the attention input of every decoder layer. bias, q_norm and k_norm may be NULL. */
+/* B->qkv = W_qkv RMSNorm(x) (+ each row's LoRA) (+ bias), then each q and k head normed (q_norm /
+   k_norm) and rotated: the attention input of every decoder layer. bias, q_norm, k_norm and lora
+   (one adapter per row, lora_ops.h) may be NULL. */
 static inline void attention_in(const LayerDims *D, const float *x, const float *attn_norm, const Projection *qkv,
                                 const float *bias, const float *q_norm, const float *k_norm, const float *cos,
-                                const float *sin, int m, const LayerBuffers *B, void *work, int threads) {
-    int64_t d = D->head_dim, width = qkv_width(D);
+                                const float *sin, int m, const LoraLayer *const *lora, const LayerBuffers *B, void *work,
+                                int threads) {
+    int64_t d = D->head_dim, width = qkv_width(D), widths[3] = {D->n_heads * d, D->n_kv * d, D->n_kv * d};
     norm_rows(D, x, attn_norm, m, B->n);
     gemv(qkv, B->n, m, B->qkv, width, work, threads);
+    lora_add(lora, LORA_Q, 3, widths, B->n, D->hidden, m, B->qkv, width, B->lora, threads);
     for (int i = 0; i < m; i++) {
         float *row = B->qkv + i * width;
         if (bias)
@@ -78,9 +83,9 @@ static inline void attention_in(const LayerDims *D, const float *x, const float 
 }
 
 /* After q, k, v of every sequence in B->qkv are final: store each k, v, attend over its own cache,
-   and project: B->proj = W_o attn. */
+   and project: B->proj = W_o attn (+ each row's LoRA). */
 static inline void attention_out(const LayerDims *D, const Projection *o, KVSlots *caches, const int64_t *pos, int m,
-                                 const LayerBuffers *B, void *work, int threads) {
+                                 const LoraLayer *const *lora, const LayerBuffers *B, void *work, int threads) {
     int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d;
     for (int i = 0; i < m; i++) {
         const float *qkv = B->qkv + i * qkv_width(D);
@@ -89,19 +94,23 @@ static inline void attention_out(const LayerDims *D, const Projection *o, KVSlot
                threads);
     }
     gemv(o, B->att, m, B->proj, D->hidden, work, threads);
+    lora_add(lora, LORA_O, 1, &D->hidden, B->att, qd, m, B->proj, D->hidden, B->lora, threads);
 }
 
 /* B->proj = W_down (act(W_gate m) * W_up m) for m in B->n (gate and up fused, gate first);
-   act is ACT_SILU or ACT_GELU_TANH (activation.h). */
+   act is ACT_SILU or ACT_GELU_TANH (activation.h); each projection plus each row's LoRA. */
 static inline void gated_mlp(const LayerDims *D, const Projection *gate_up, const Projection *down, int act, int m,
-                             const LayerBuffers *B, void *work, int threads) {
+                             const LoraLayer *const *lora, const LayerBuffers *B, void *work, int threads) {
+    int64_t widths[2] = {D->inter, D->inter};
     gemv(gate_up, B->n, m, B->gu, 2 * D->inter, work, threads);
+    lora_add(lora, LORA_GATE, 2, widths, B->n, D->hidden, m, B->gu, 2 * D->inter, B->lora, threads);
     for (int i = 0; i < m; i++) {
         const float *gate = B->gu + i * 2 * D->inter, *up = gate + D->inter;
         for (int64_t j = 0; j < D->inter; j += VL)
             vf_store(B->act + i * D->inter + j, vf_mul(activate(vf_load(gate + j), act), vf_load(up + j)));
     }
     gemv(down, B->act, m, B->proj, D->hidden, work, threads);
+    lora_add(lora, LORA_DOWN, 1, &D->hidden, B->act, D->inter, m, B->proj, D->hidden, B->lora, threads);
 }
 
 /* x[i] += B->proj[i] for m rows of `hidden` */

@@ -74,5 +74,21 @@ typedef struct {
     Projection qkv, o, gate_up, down;
 } GemmaLayer;
 
+/* LoRA (lora_ops.h): one adapter's low-rank pair for one projection, A (rank, in) and B^T (rank, out)
+   in bf16, adding scale * B (A x) to that projection's output; a == NULL: the part is not adapted. */
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_PARTS };
+typedef struct {
+    const uint16_t *a, *bt;
+    int64_t rank;
+    float scale;
+} LoraPair;
+
+/* One adapter's pairs for one layer. A layer call takes one pointer per row (NULL: the base alone),
+   so the rows of one batch may each run under another adapter. */
+typedef struct {
+    LoraPair part[LORA_PARTS];
+} LoraLayer;
+
+#define MAX_LORA_RANK 256
 #define MAX_SEQS 8 /* sequences one layer call decodes together */
 #endif

@@ -15,17 +15,18 @@
 #include "layer_ops.h"
 
 /* x (m, hidden) is updated in place; cos, sin (m, head_dim) hold each sequence's position's angles.
-   `buf` holds edgellm_layer_floats(&L->dims, m) floats; `work` the GEMVs' scratch. */
+   `buf` holds edgellm_layer_floats(&L->dims, m) floats; `work` the GEMVs' scratch; `lora` NULL or one
+   adapter per row (NULL: that row runs the base alone). */
 void edgellm_llama_layer(const LlamaLayer *L, float *x, int m, const float *cos, const float *sin, KVSlots *caches,
-                         const int64_t *pos, float *buf, void *work, int threads) {
+                         const int64_t *pos, float *buf, void *work, int threads, const LoraLayer *const *lora) {
     const LayerDims *D = &L->dims;
     LayerBuffers B = layer_buffers(D, m, buf);
 
-    attention_in(D, x, L->attn_norm, &L->qkv, L->qkv_bias, L->q_norm, L->k_norm, cos, sin, m, &B, work, threads);
-    attention_out(D, &L->o, caches, pos, m, &B, work, threads);
+    attention_in(D, x, L->attn_norm, &L->qkv, L->qkv_bias, L->q_norm, L->k_norm, cos, sin, m, lora, &B, work, threads);
+    attention_out(D, &L->o, caches, pos, m, lora, &B, work, threads);
     add_rows(x, B.proj, m, D->hidden);
 
     norm_rows(D, x, L->mlp_norm, m, B.n);
-    gated_mlp(D, &L->gate_up, &L->down, ACT_SILU, m, &B, work, threads);
+    gated_mlp(D, &L->gate_up, &L->down, ACT_SILU, m, lora, &B, work, threads);
     add_rows(x, B.proj, m, D->hidden);
 }

@@ -22,14 +22,16 @@ class KVManager:
     precision the model is asked for (`for_precision`), under one byte budget."""
 
     def __init__(self, specs: Sequence[LayerSpec], config: KVConfig, context_length: int, salt: str = "",
-                 *, shared: KVManager | None = None):
+                 *, shared: KVManager | None = None, adapter=None):
         self.specs, self.config, self.salt = list(specs), config, salt
-        self.context_length = context_length
+        self.context_length, self.adapter = context_length, adapter
         self.bytes_per_token = kv_bytes_per_token(self.specs, config)
         self.block_bytes = max(1, self.bytes_per_token * config.block_size)
         self.fixed_blocks = -(-fixed_kv_bytes(self.specs, config) // self.block_bytes)
-        # Prefix hashes carry the precision: an INT4 block never serves an f16 request.
-        self._hash_salt = f"{salt}|{config.k_precision}:{config.v_precision}"
+        # Prefix hashes carry the precision (an INT4 block never serves an f16 request) and the
+        # adapter (a prefix computed under one never serves another, or the base).
+        lora = "" if adapter is None else f"|lora:{adapter.digest}"
+        self._hash_salt = f"{salt}|{config.k_precision}:{config.v_precision}{lora}"
         if shared is None:
             self.pool = BlockPool(self.block_bytes, config.budget_bytes)
             prefix_bytes = auto_prefix_cache_bytes(config) if config.prefix_cache_bytes is None else config.prefix_cache_bytes
@@ -37,7 +39,8 @@ class KVManager:
             self._variants: dict[tuple[str, str], KVManager] = {}
         else:
             self.pool, self.prefix, self._variants = shared.pool, shared.prefix, shared._variants
-        self._variants[(config.k_precision, config.v_precision)] = self
+        if adapter is None:
+            self._variants[(config.k_precision, config.v_precision)] = self
 
     def for_precision(self, precision: str) -> KVManager:
         """This manager's twin for another KV precision ("int8", "int8:int4" for K:V), on the
@@ -47,6 +50,14 @@ class KVManager:
             config = replace(self.config, k_precision=key[0], v_precision=key[1])
             KVManager(self.specs, config, self.context_length, self.salt, shared=self)
         return self._variants[key]
+
+    def for_adapter(self, adapter) -> KVManager:
+        """This manager's twin whose sequences run under a LoRA adapter (lora/; None: this
+        manager): same pool, budget and prefix cache, prefixes keyed by the adapter. Made per
+        use (cheap), so an unloaded adapter is held by nothing but the sequences still using it."""
+        if adapter is None:
+            return self
+        return KVManager(self.specs, self.config, self.context_length, self.salt, shared=self, adapter=adapter)
 
     @property
     def precision(self) -> str:

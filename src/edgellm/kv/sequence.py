@@ -21,6 +21,9 @@ class SequenceKV:
 
     def __init__(self, manager: KVManager, limit: int):
         self.manager, self.config, self.limit = manager, manager.config, limit
+        # the LoRA adapter this KV is computed under (lora/; None: the base): the model applies it to
+        # this sequence's rows, and its prefix blocks are keyed by it
+        self.adapter = manager.adapter
         self.layers: list[KVCache] = [manager.make_layer(spec) for spec in manager.specs]
         self.token_ids: list[int] = []
         self.evicted = 0  # tokens dropped by the sliding window so far

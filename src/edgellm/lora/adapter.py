@@ -3,12 +3,13 @@
 Two formats: a PEFT folder (adapter_config.json + adapter_model.safetensors, what
 `peft.save_pretrained` writes) and llama.cpp's GGUF LoRA (`general.type = adapter`, what
 convert_lora_to_gguf.py writes). Either becomes an `Adapter`: per (layer, projection) the
-low-rank pair A (r x in) and B (out x r) in Hugging Face's row order, and the scale s, so a
-projection computes y = W x + s B (A x). Anything that does not fit the base (a module the
+low-rank pair A (r x in) and B (out x r, kept transposed: B^T (r x out)) in Hugging Face's row
+order, and the scale s, so a projection computes y = W x + s B (A x). Anything that does not fit the base (a module the
 base lacks, shapes of another model, a rank other than the config's) is an AdapterMismatch
 naming it."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -20,7 +21,8 @@ import torch
 
 from edgellm.errors import AdapterMismatch, ModelFormatError
 
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # the order of the native LoraLayer's parts
+MAX_RANK = 256  # kernels/layer_types.h MAX_LORA_RANK
 _PEFT_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
                "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 _GGUF_NAMES = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o",
@@ -31,17 +33,23 @@ _GGUF_KEY = re.compile(r"blk\.(\d+)\.(\w+)\.weight\.lora_([ab])$")
 
 @dataclass(frozen=True)
 class LoRAPair:
-    a: torch.Tensor  # (rank, in), float32
-    b: torch.Tensor  # (out, rank), float32
+    a: torch.Tensor  # A (rank, in)
+    b_t: torch.Tensor  # B^T (rank, out): the native kernel runs along the output
+
+    @property
+    def b(self) -> torch.Tensor:
+        return self.b_t.T
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a resident adapter is one object
 class Adapter:
     name: str
     path: Path
     rank: int
-    scale: float  # s in y = W x + s B (A x): alpha / rank, or alpha / sqrt(rank) with rsLoRA
+    scale: float  # s in y = W x + s B (A x): alpha / rank (alpha / sqrt(rank) with rsLoRA) times the user's scale
     pairs: dict[tuple[int, str], LoRAPair]  # (layer, projection) -> its pair
+    widths: dict[str, int]  # output width of each projection of the base (fused parts sit side by side)
+    digest: str  # of the weights and scale: prefix-cache keys carry it, so a prefix never crosses adapters
 
     @property
     def nbytes(self) -> int:
@@ -60,18 +68,31 @@ def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
             "gate": (ffn, hidden), "up": (ffn, hidden), "down": (hidden, ffn)}
 
 
-def load_adapter(path: str | Path, config: Any, name: str | None = None) -> Adapter:
+def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: float = 1.0,
+                 dtype: torch.dtype = torch.float32) -> Adapter:
     """The adapter at `path` (a PEFT folder or a GGUF LoRA file), checked against the base
-    model's `config`."""
+    model's `config`, its pairs in `dtype` (bf16 for the native kernels), its scale times `scale`."""
     path = Path(path)
     if path.is_dir():
-        rank, scale, pairs = _read_peft(path)
+        rank, alpha_scale, pairs = _read_peft(path)
     elif path.is_file():
-        rank, scale, pairs = _read_gguf(path, config)
+        rank, alpha_scale, pairs = _read_gguf(path, config)
     else:
         raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
     _check(path, pairs, rank, config)
-    return Adapter(name or path.stem, path, rank, scale, pairs)
+    pairs = {key: LoRAPair(p.a.to(dtype).contiguous(), p.b_t.to(dtype).contiguous()) for key, p in pairs.items()}
+    widths = {p: out for p, (out, _) in projection_shapes(config).items()}
+    s = alpha_scale * scale
+    return Adapter(name or path.stem, path, rank, s, pairs, widths, _digest(pairs, s))
+
+
+def _digest(pairs: dict[tuple[int, str], LoRAPair], scale: float) -> str:
+    h = hashlib.sha256(repr(scale).encode())
+    for key in sorted(pairs):
+        h.update(repr(key).encode())
+        for t in (pairs[key].a, pairs[key].b_t):
+            h.update(t.view(torch.uint8).numpy())
+    return h.hexdigest()[:16]
 
 
 def _read_peft(folder: Path) -> tuple[int, float, dict]:
@@ -125,7 +146,7 @@ def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
         for (layer, module), pair in list(pairs.items()):
             if module in ("q", "k"):
                 heads = config.n_heads if module == "q" else config.n_kv_heads
-                pairs[layer, module] = LoRAPair(pair.a, pair.b[unpermute_rows(heads, config.head_dim)])
+                pairs[layer, module] = LoRAPair(pair.a, pair.b_t[:, unpermute_rows(heads, config.head_dim)])
     rank = next(iter(pairs.values())).a.shape[0] if pairs else 0
     return rank, (alpha / rank if alpha and rank else 1.0), pairs
 
@@ -135,7 +156,7 @@ def _pairs(where: Path, halves: dict, a: str, b: str) -> dict[tuple[int, str], L
     for key, parts in halves.items():
         if set(parts) != {a, b}:
             raise AdapterMismatch(f"{where}: layer {key[0]} {key[1]} has only lora_{next(iter(parts))}")
-        pairs[key] = LoRAPair(parts[a].contiguous(), parts[b].contiguous())
+        pairs[key] = LoRAPair(parts[a], parts[b].T)
     if not pairs:
         raise AdapterMismatch(f"{where}: the adapter holds no LoRA tensors")
     return pairs
@@ -150,6 +171,8 @@ def _check(path: Path, pairs: dict, rank: int, config: Any) -> None:
         out_dim, in_dim = shapes[module]
         if pair.a.shape[0] != rank or pair.b.shape[1] != rank:
             raise AdapterMismatch(f"{where}: rank {pair.a.shape[0]} / {pair.b.shape[1]} but the adapter says {rank}")
+        if rank > MAX_RANK:
+            raise AdapterMismatch(f"{where}: rank {rank} is above the {MAX_RANK} edgellm runs")
         if pair.a.shape[1] != in_dim or pair.b.shape[0] != out_dim:
             raise AdapterMismatch(f"{where}: A {tuple(pair.a.shape)} and B {tuple(pair.b.shape)} do not fit the "
                                   f"base's {out_dim} x {in_dim} projection (another base model?)")

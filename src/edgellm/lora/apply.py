@@ -1,50 +1,63 @@
-"""An adapter applied without merging, on the PyTorch layers: each adapted projection computes
-y = W x + s B (A x) on its part of the output (a fused q|k|v or gate|up holds several parts),
-and the base weights stay as they are, shared and quantized.
+"""Adapters applied without merging on the PyTorch layers (prompts, exact mode, and whatever the
+native decoder does not take): each adapted projection adds s B (A x) to its part of the output
+(a fused q|k|v or gate|up holds several parts side by side), per row of the batch under that
+row's own adapter. The base weights stay as they are, shared and quantized.
 
-The native decode layers (kernels/, fast mode) do not add the low-rank products yet: a model
-that decodes natively is refused rather than silently decoded without its adapter."""
+A sequence carries the adapter its KV was computed under (`SequenceKV.adapter`, set by the KV
+manager that created it), so a model's forward finds each row's adapter in its caches."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
-from torch import nn
 
-from edgellm.errors import UnsupportedModel
-from edgellm.lora.adapter import Adapter, LoRAPair, projection_shapes
+from edgellm.lora.adapter import Adapter
 
 
-class LoRAProjection(nn.Module):
-    """`base` plus, on output columns [offset, offset + size) of each adapted part, s B (A x)."""
+class RowAdapters:
+    """The adapter of each row of a batch (None: that row runs the base alone)."""
 
-    def __init__(self, base: nn.Module, parts: list[tuple[int, int, LoRAPair]], scale: float):
-        super().__init__()
-        self.base, self.parts, self.scale = base, parts, scale
+    def __init__(self, adapters: Sequence[Adapter | None]):
+        self.adapters = list(adapters)
+        groups: dict[int, tuple[Adapter, list[int]]] = {}
+        for row, adapter in enumerate(self.adapters):
+            if adapter is not None:
+                groups.setdefault(id(adapter), (adapter, []))[1].append(row)
+        whole = len(groups) == 1 and None not in self.adapters
+        # rows sharing an adapter share one matmul; one adapter for every row: no gather at all
+        self.groups = [(a, slice(None) if whole else rows) for a, rows in groups.values()]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        delta = torch.zeros(y.shape, dtype=torch.float32)
-        xf = x.float()
-        for offset, size, pair in self.parts:
-            delta[..., offset:offset + size] = (xf @ pair.a.T) @ pair.b.T
-        return y + (self.scale * delta).to(y.dtype)
+    @classmethod
+    def of(cls, caches) -> RowAdapters | None:
+        """Each row's adapter from a SequenceKV or a BatchKV; None where no row has one."""
+        adapters = [getattr(s, "adapter", None) for s in getattr(caches, "sequences", [caches])]
+        return cls(adapters) if any(a is not None for a in adapters) else None
+
+    def layer(self, i: int) -> LayerAdapters:
+        return LayerAdapters(self, i)
 
 
-def apply_adapter(net: nn.Module, adapter: Adapter) -> None:
-    """Wrap `net`'s adapted projections (a Llama- or Gemma-family network) with the adapter."""
-    if getattr(net, "decoder", None) is not None:
-        raise UnsupportedModel("LoRA adapters run on the PyTorch layers only so far: load the model with mode='exact'")
-    shapes = projection_shapes(net.config)
-    layout = {"qkv_proj": ("q", "k", "v"), "o_proj": ("o",), "gate_up_proj": ("gate", "up"), "down_proj": ("down",)}
-    for i, block in enumerate(net.blocks):
-        for owner in (block.attn, block.mlp):
-            for attribute, projections in layout.items():
-                if not hasattr(owner, attribute):
-                    continue
-                parts, offset = [], 0
-                for p in projections:
-                    pair = adapter.pairs.get((i, p))
-                    if pair is not None:
-                        parts.append((offset, shapes[p][0], pair))
-                    offset += shapes[p][0]
-                if parts:
-                    setattr(owner, attribute, LoRAProjection(getattr(owner, attribute), parts, adapter.scale))
+class LayerAdapters:
+    """RowAdapters at one layer: what a block's projections call."""
+
+    def __init__(self, rows: RowAdapters, layer: int):
+        self.rows, self.i = rows, layer
+
+    def add(self, parts: tuple[str, ...], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y (B, T, sum of the parts' widths) = the base's output of x (B, T, in) for the fused
+        `parts` (e.g. ("q", "k", "v")), plus each row's s B (A x) on each adapted part."""
+        y = y.clone()
+        for adapter, rows in self.rows.groups:
+            xs, offset = x[rows].float(), 0
+            for part in parts:
+                width, pair = adapter.widths[part], adapter.pairs.get((self.i, part))
+                if pair is not None:
+                    delta = adapter.scale * ((xs @ pair.a.float().T) @ pair.b_t.float())
+                    y[rows, :, offset:offset + width] += delta.to(y.dtype)
+                offset += width
+        return y
+
+
+def add_lora(lora: LayerAdapters | None, parts: tuple[str, ...], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y plus the rows' adapters on `parts` (unchanged where there are none)."""
+    return y if lora is None else lora.add(parts, x, y)

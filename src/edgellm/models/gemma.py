@@ -20,6 +20,7 @@ from torch import nn
 
 from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.kv.config import LayerSpec
+from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, head_norms, norm_rope, weights_of
 from edgellm.models.weights import Weights
 
@@ -89,15 +90,17 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_softcap
         self.window = cfg.sliding_window if sliding else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache,
+                lora: LayerAdapters | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        qkv = self.qkv_proj(x).float().view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        qkv = add_lora(lora, ("q", "k", "v"), x, self.qkv_proj(x)).float().view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
         q = norm_rope(qkv[:, :, :self.n_heads], rope, self.q_norm, native=self.native).transpose(1, 2)  # (B, Hq, T, D)
         k = norm_rope(qkv[:, :, self.n_heads:-self.n_kv_heads], rope, self.k_norm, native=self.native).transpose(1, 2)
         v = qkv[:, :, -self.n_kv_heads:].transpose(1, 2)  # (B, Hkv, T, D)
         k, v, visibility = cache.update_and_fetch(k, v)
         out = attention(q, k, v, visibility, scale=self.scale, native=self.native, softcap=self.softcap)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        out = out.transpose(1, 2).reshape(b, t, -1)
+        return add_lora(lora, ("o",), out, self.o_proj(out))
 
 
 class Block(nn.Module):
@@ -112,9 +115,9 @@ class Block(nn.Module):
         self.mlp = GatedMLP(w, p, "gelu_tanh")
         self.post_mlp_norm = RMSNorm(w.vector(f"{p}.post_ffw_norm.weight"), eps, native)
 
-    def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
-        h = self.post_attn_norm.add_to(x, self.attn(self.attn_norm.for_linear(x), rope, cache))
-        return self.post_mlp_norm.add_to(h, self.mlp(self.mlp_norm.for_linear(h)))
+    def forward(self, x: torch.Tensor, rope, cache, lora: LayerAdapters | None = None) -> torch.Tensor:
+        h = self.post_attn_norm.add_to(x, self.attn(self.attn_norm.for_linear(x), rope, cache, lora))
+        return self.post_mlp_norm.add_to(h, self.mlp(self.mlp_norm.for_linear(h), lora))
 
     def native_vectors(self) -> list[torch.Tensor | None]:
         """What gemma_layer.c's struct points to, in its order (no q/k norms: Gemma 2)."""
@@ -157,9 +160,9 @@ class Gemma(nn.Module):
             return logits
         positions = caches.positions(tokens.shape[1])
         rope_local, rope_global = self.rotary_local(positions), self.rotary_global(positions)
-        x = self.embed(tokens) * self.embed_scale
-        for block, cache in zip(self.blocks, caches):
-            x = block(x, rope_local if block.sliding else rope_global, cache)
+        x, lora = self.embed(tokens) * self.embed_scale, RowAdapters.of(caches)
+        for i, (block, cache) in enumerate(zip(self.blocks, caches)):
+            x = block(x, rope_local if block.sliding else rope_global, cache, None if lora is None else lora.layer(i))
         return self.head(x[:, -1:] if last_only else x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

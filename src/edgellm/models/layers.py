@@ -9,6 +9,7 @@ from torch import nn
 
 from edgellm import kernels
 from edgellm.kv.cache import SlidingCausal, causal_mask
+from edgellm.lora.apply import LayerAdapters, add_lora
 
 
 class RMSNorm(nn.Module):
@@ -183,9 +184,11 @@ class GatedMLP(nn.Module):
         self._act = ACTIVATIONS[activation]
         self.native = w.mode == "fast"  # exact mode stays pure PyTorch: the reference
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+    def forward(self, x: torch.Tensor, lora: LayerAdapters | None = None) -> torch.Tensor:
+        gate_up = add_lora(lora, ("gate", "up"), x, self.gate_up_proj(x))
         if self.native and kernels.gated_act_supports(gate_up):
-            return self.down_proj(kernels.gated_act(gate_up, self.activation))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(self._act(gate) * up)
+            h = kernels.gated_act(gate_up, self.activation)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = self._act(gate) * up
+        return add_lora(lora, ("down",), h, self.down_proj(h))

@@ -20,6 +20,7 @@ from torch import nn
 from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.formats.hf_names import PERMUTED_QK
 from edgellm.kv.config import LayerSpec
+from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, attention, head_norms, llama3_rope_factors, norm_rope,
                                    weights_of)
 from edgellm.models.weights import Weights
@@ -139,9 +140,10 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = head_norms(w, prefix, cfg.rms_eps)  # Qwen3
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache,
+                lora: LayerAdapters | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        qkv = self.qkv_proj(x).float()
+        qkv = add_lora(lora, ("q", "k", "v"), x, self.qkv_proj(x)).float()
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         qkv = qkv.view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
@@ -154,8 +156,8 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, Hq or Hkv, T, D)
         v = qkv[:, :, self.n_heads + self.n_kv_heads:].transpose(1, 2)
         k, v, visibility = cache.update_and_fetch(k, v)
-        out = attention(q, k, v, visibility, scale=self.scale, native=self.native)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        out = attention(q, k, v, visibility, scale=self.scale, native=self.native).transpose(1, 2).reshape(b, t, -1)
+        return add_lora(lora, ("o",), out, self.o_proj(out))
 
 
 class Block(nn.Module):
@@ -168,9 +170,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(w.vector(f"{p}.ffn_norm.weight"), cfg.rms_eps, native)
         self.mlp = GatedMLP(w, p, "silu")
 
-    def forward(self, x: torch.Tensor, rope, cache) -> torch.Tensor:
-        h = x + self.attn(self.attn_norm.for_linear(x), rope, cache)
-        return h + self.mlp(self.mlp_norm.for_linear(h))
+    def forward(self, x: torch.Tensor, rope, cache, lora: LayerAdapters | None = None) -> torch.Tensor:
+        h = x + self.attn(self.attn_norm.for_linear(x), rope, cache, lora)
+        return h + self.mlp(self.mlp_norm.for_linear(h), lora)
 
     def native_vectors(self) -> list[torch.Tensor | None]:
         """What llama_layer.c's struct points to, in its order."""
@@ -224,14 +226,15 @@ class Llama(nn.Module):
                 for r in rotates]
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
+        """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T (each sequence's
+        adapter, if it has one, applies to its rows)."""
         logits = fused_step(self.decoder, tokens, caches)  # one decode step in C, when its assumptions hold
         if logits is not None:
             return logits
         ropes = self.rope_per_layer(caches.positions(tokens.shape[1]))
-        x = self.embed(tokens)
-        for block, cache, rope in zip(self.blocks, caches, ropes):
-            x = block(x, rope, cache)
+        x, lora = self.embed(tokens), RowAdapters.of(caches)
+        for i, (block, cache, rope) in enumerate(zip(self.blocks, caches, ropes)):
+            x = block(x, rope, cache, None if lora is None else lora.layer(i))
         return self.head(x[:, -1:] if last_only else x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,66 @@
+"""The adapters resident over one base model, by name: loaded and unloaded at run time while
+requests run. A generation holds its Adapter object, so unloading one only stops new requests
+from picking it; the requests already under it finish with it, and its memory goes with the last."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from edgellm.errors import InvalidRequest, ModelNotFound
+from edgellm.lora.adapter import Adapter, load_adapter
+
+
+class AdapterSet:
+    def __init__(self, config: Any, dtype: torch.dtype):
+        self.config, self.dtype = config, dtype  # bf16 in fast mode (what the native layers read), fp32 in exact
+        self._by_name: dict[str, Adapter] = {}
+        self._lock = threading.Lock()
+
+    def load(self, path: str | Path, name: str | None = None, scale: float = 1.0) -> Adapter:
+        """Read and check the adapter at `path` and make it resident as `name` (default: the
+        file or folder name); a resident adapter of that name is replaced (its running requests
+        keep it)."""
+        name = name or Path(path).stem
+        if not name or ":" in name or "/" in name:
+            raise InvalidRequest(f"an adapter name must be non-empty without ':' or '/', got {name!r}")
+        if not 0.0 <= scale <= 100.0:
+            raise InvalidRequest(f"an adapter scale must be in [0, 100], got {scale}")
+        adapter = load_adapter(path, self.config, name, scale, self.dtype)  # outside the lock: may take a while
+        with self._lock:
+            self._by_name[name] = adapter
+        return adapter
+
+    def unload(self, name: str) -> Adapter:
+        with self._lock:
+            if name not in self._by_name:
+                raise self._unknown(name)
+            return self._by_name.pop(name)
+
+    def get(self, adapter: str | Adapter | None) -> Adapter | None:
+        """The resident adapter of a name (an Adapter passes through; None: the base)."""
+        if adapter is None or isinstance(adapter, Adapter):
+            return adapter
+        with self._lock:
+            found = self._by_name.get(adapter)
+        if found is None:
+            raise self._unknown(adapter)
+        return found
+
+    def _unknown(self, name: str) -> ModelNotFound:
+        loaded = ", ".join(sorted(self._by_name)) or "none"
+        return ModelNotFound(f"no adapter {name!r} is loaded (loaded: {loaded})")
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(a.nbytes for a in self._by_name.values())
+
+    def __iter__(self) -> Iterator[Adapter]:
+        with self._lock:
+            return iter(list(self._by_name.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_name)
