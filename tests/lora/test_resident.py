@@ -1,0 +1,104 @@
+"""Adapters resident over the real SmolLM2, chosen per generation: the native decode layers add
+each row's adapter (fast mode agrees with the exact reference, itself checked against
+transformers + PEFT in test_adapters.py), rows under different adapters share one batch and
+decode as they would alone, prefixes computed under one adapter never serve another, and an
+adapter unloaded while a request uses it stays with that request to its end."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import edgellm
+from edgellm.errors import ModelNotFound
+from edgellm.generate.generator import decode_step
+from tests.lora.adapters import random_peft_adapter
+
+PROMPT = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, smollm2_path):
+    root = tmp_path_factory.mktemp("adapters")
+    with edgellm.load(smollm2_path) as model:
+        config = model.config
+    # std 0.05 changes SmolLM2's answers (checked below) and leaves it writing English
+    return {name: random_peft_adapter(root / name, config, rank=16, std=0.05, seed=seed)
+            for seed, name in enumerate(["polish", "translate"], start=1)}
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path, adapters):
+    with edgellm.load(smollm2_path) as m:
+        for name, path in adapters.items():
+            m.load_adapter(path, name)
+        yield m
+
+
+def _greedy(model, generation, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Decode `generation` alone, one native step at a time; its tokens and each step's logits."""
+    rows = []
+    with torch.inference_mode():
+        generation.accept(generation.prefill())
+        while not generation.done and len(rows) < steps:
+            rows.append(decode_step(model.net, [generation])[0].clone())
+            generation.accept(rows[-1])
+    return list(generation.generated), rows
+
+
+def test_native_decode_under_an_adapter_agrees_with_the_exact_reference(model, smollm2_path, adapters):
+    assert model.net.decoder is not None  # the native layers decode (fast mode)
+    ids = model.chat_ids(PROMPT)
+    tokens, rows = _greedy(model, model.generation(ids, adapter="polish", max_tokens=120, ignore_eos=True), 120)
+    with edgellm.load(smollm2_path, mode="exact") as exact:
+        exact.load_adapter(adapters["polish"], "polish")
+        reference = exact.logits(ids + tokens, adapter="polish")[len(ids) - 1:-1]
+        base = exact.logits(ids + tokens)[len(ids) - 1:-1]
+    ours = torch.stack([model.logits(ids, adapter="polish")[-1]] + rows)  # the logits each token came from
+    agreement = float((ours.argmax(-1) == reference.argmax(-1)).float().mean())
+    print(f"fast native vs exact top-1 agreement {agreement:.3f}")
+    assert agreement >= 0.99, agreement
+    assert float((base.argmax(-1) == reference.argmax(-1)).float().mean()) < 0.9  # the adapter matters here
+
+
+def test_a_batch_of_rows_under_different_adapters_decodes_as_each_alone(model):
+    ids = model.chat_ids(PROMPT)
+    choices = ["polish", None, "translate", "polish"]
+    alone = [_greedy(model, model.generation(ids, adapter=a, max_tokens=24, ignore_eos=True), 24) for a in choices]
+    together = [model.generation(ids, adapter=a, max_tokens=24, ignore_eos=True) for a in choices]
+    with torch.inference_mode():
+        for g in together:
+            g.accept(g.prefill())
+        while not all(g.done for g in together):
+            for g, logits in zip(together, decode_step(model.net, together)):
+                g.accept(logits)
+    for g, (tokens, _) in zip(together, alone):
+        assert list(g.generated) == tokens
+    assert alone[0][0] != alone[1][0] and alone[2][0] != alone[1][0]  # each adapter changed its answer
+
+
+def test_a_prefix_computed_under_one_adapter_never_serves_another(model):
+    ids = model.chat_ids([{"role": "user", "content": "Summarize: the quarterly report shows growth in all "
+                                                      "regions, led by exports. " * 4}])
+    first = model.generate(ids, adapter="polish", max_tokens=1)
+    assert first.timings.prefix_hit_tokens == 0
+    assert model.generate(ids, adapter="translate", max_tokens=1).timings.prefix_hit_tokens == 0
+    assert model.generate(ids, max_tokens=1).timings.prefix_hit_tokens == 0
+    again = model.generate(ids, adapter="polish", max_tokens=1)
+    assert again.timings.prefix_hit_tokens >= 32  # the same adapter reuses its own blocks
+
+
+def test_an_adapter_unloaded_mid_request_stays_with_that_request(model, adapters):
+    ids = model.chat_ids(PROMPT)
+    whole = model.generate(ids, adapter="translate", max_tokens=20, ignore_eos=True)
+    running = model.generation(ids, adapter="translate", max_tokens=20, ignore_eos=True)
+    with torch.inference_mode():
+        running.accept(running.prefill())
+        for _ in range(5):
+            running.decode()
+        model.unload_adapter("translate")
+        with pytest.raises(ModelNotFound, match="no adapter 'translate' is loaded"):
+            model.generation(ids, adapter="translate")
+        while not running.done:
+            running.decode()
+    model.load_adapter(adapters["translate"], "translate")
+    assert running.completion.text == whole.text
