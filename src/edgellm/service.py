@@ -233,12 +233,14 @@ class Service:
         request = handle.request
         sampling = dict(request.sampling)
         fallback = self._room(self.fallback_model, self._fallback_tokens(request)) if self.fallback_model else None
-        plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), self._room(self.model, prompt=handle.prompt_ids),
-                            fallback, self._device(), self.policy)
+        room = self._room(self.model, prompt=handle.prompt_ids, adapter=sampling.get("adapter"))
+        plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), room, fallback, self._device(), self.policy)
         handle.plan = plan
         handle.degraded += [d for d in plan.degraded if d not in handle.degraded]
         if plan.fallback_model:
             sampling.pop("speculative", None)  # the fallback decodes as it was loaded to
+            if sampling.pop("adapter", None) is not None:  # an adapter fits its own base only
+                handle.degraded.append("adapter_dropped")
             generation = self.fallback_model.generation(request.prompt, chat=request.chat, kv=plan.kv_precision,
                                                         tools=request.tools, **sampling)
         else:
@@ -254,10 +256,10 @@ class Service:
         model = self.fallback_model
         return len(_chat_ids(model, request.prompt, request) if request.chat else model.prompt_ids(request.prompt))
 
-    def _room(self, model, prompt_tokens: int | None = None, prompt: Sequence[int] = ()) -> ModelRoom:
+    def _room(self, model, prompt_tokens: int | None = None, prompt: Sequence[int] = (), adapter=None) -> ModelRoom:
         """What admission sees of a model's KV: its byte budget minus what running requests
         hold or may still grow into; a request needs no room for the cached prefix blocks of
-        `prompt` that running requests hold (it shares them)."""
+        `prompt` that running requests hold (it shares them: those computed under its adapter)."""
         kv = model.kv
         free = kv.free_bytes()
         if free is not None:
@@ -266,7 +268,7 @@ class Service:
                     free -= max(0, r.reserved_bytes - len(r.generation.seq.blocks) * r.generation.kv.block_bytes)
 
         def needed(precision: str, tokens: int) -> int:
-            twin = model.kv_for(precision)
+            twin = model.kv_for(precision).for_adapter(adapter)
             return twin.bytes_needed(tokens) - twin.shared_bytes(prompt)
 
         return ModelRoom(model.context_length, kv.precision, needed, free,

@@ -39,6 +39,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "model with the same vocabulary), self (the model's first layers); same text, fewer passes")
     p.add_argument("--draft", default=None, metavar="MODEL",
                    help="draft model for --speculative draft (a registered name or path; same vocabulary)")
+    p.add_argument("--lora", action="append", default=[], metavar="[NAME=]PATH[@SCALE]",
+                   help="a LoRA adapter (PEFT folder or GGUF LoRA) over the model; serve: repeatable, requests "
+                        "pick one as model 'BASE:NAME'; run / chat answer under it")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -32,7 +32,36 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
                      context_length=context_length, speculative=args.speculative, draft=args.draft)
     finally:
         print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
+    try:
+        for spec in getattr(args, "lora", []):
+            model.load_adapter(*parse_lora(spec))
+    except BaseException:
+        model.close()
+        raise
     return model
+
+
+def parse_lora(spec: str) -> tuple[str, str, float]:
+    """`[NAME=]PATH[@SCALE]` -> (path, name, scale); the name defaults to the file or folder name."""
+    from pathlib import Path
+
+    name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    scale = 1.0
+    head, _, tail = path.rpartition("@")
+    if head:
+        try:
+            path, scale = head, float(tail)
+        except ValueError:
+            pass  # an '@' inside the path
+    return path, name or Path(path).stem, scale
+
+
+def _adapter(args: argparse.Namespace) -> dict[str, Any]:
+    """run and chat answer under the one --lora given."""
+    specs = getattr(args, "lora", [])
+    if len(specs) > 1:
+        raise InvalidRequest(f"run and chat answer under one --lora, got {len(specs)} (serve keeps several)")
+    return {"adapter": parse_lora(specs[0])[1]} if specs else {}
 
 
 def _kv_config(args: argparse.Namespace):
@@ -83,6 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     constraint = constraint_from_args(args)
     if constraint is not None:
         sampling["constraint"] = constraint
+    sampling |= _adapter(args)
     with load_model(args) as model:
         if args.raw:
             events = model.stream(args.prompt, **sampling)
@@ -102,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    sampling = _sampling(args)
+    sampling = _sampling(args) | _adapter(args)
     with load_model(args) as model:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         print("chat with the model; /reset clears the conversation, /exit or Ctrl-D quits", file=sys.stderr)

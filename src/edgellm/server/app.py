@@ -15,9 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest, type_and_stack
+from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest, ModelNotFound, type_and_stack
 from edgellm.generate import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
+from edgellm.server.adapters import add_adapter_routes, model_entry, resolve
 from edgellm.server.metrics import Metrics
 from edgellm.server.schemas import ChatRequest, CompletionRequest
 from edgellm.server.structured import StreamedDeltas, Structure, chat_message, structure
@@ -44,6 +45,8 @@ def _translate(error: BaseException) -> APIError:
         return error
     if isinstance(error, Busy):
         return APIError(429, str(error), "rate_limit_exceeded", "busy", {"Retry-After": "1"})
+    if isinstance(error, ModelNotFound):
+        return APIError(404, str(error), "invalid_request_error", "model_not_found")
     if isinstance(error, ContextOverflow):
         return APIError(400, str(error), "invalid_request_error", "context_length_exceeded")
     if isinstance(error, InvalidRequest):
@@ -166,14 +169,18 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
     # another task, which kept a client's disconnect from reaching the streaming response.
     app.add_middleware(_AuthAndLog, api_key=api_key, metrics=metrics)
 
-    def check_model(name: str) -> None:
-        if name != model_id:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}",
-                           "invalid_request_error", "model_not_found")
+    add_adapter_routes(app, model, model_id, api_key,
+                       lambda status, message, code: APIError(status, message, "invalid_request_error", code))
 
-    async def submit(prompt: Any, body, chat: bool, asked: Structure) -> Handle:
-        check_model(body.model)
-        request = ServiceRequest(prompt, body.sampling() | asked.sampling(), chat, timeout_s, tools=asked.tools)
+    async def submit(prompt: Any, body, chat: bool, asked: Structure) -> tuple[Handle, str]:
+        """The queued request's handle and the model id it answers as (base or base:adapter)."""
+        try:
+            answered, adapter = resolve(model, model_id, body.model, body.edgellm and body.edgellm.adapter)
+        except EdgeLLMError as error:
+            raise _translate(error) from None
+        picked = {} if adapter is None else {"adapter": adapter}  # the object: an unload meanwhile cannot fail it
+        request = ServiceRequest(prompt, body.sampling() | asked.sampling() | picked, chat, timeout_s,
+                                 tools=asked.tools)
         try:  # tokenizing (and trimming a long conversation) runs off the event loop
             handle = await anyio.to_thread.run_sync(service.submit, request)
         except Busy as error:
@@ -184,7 +191,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         metrics.queue_depth.set(service.queue_depth)
         if log_text:
             log.debug("prompt %r", prompt)
-        return handle
+        return handle, answered
 
     @app.get("/health")
     async def health():
@@ -205,20 +212,20 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "edgellm"}]}
+        return {"object": "list", "data": [model_entry(model_id)] + [model_entry(model_id, a) for a in model.adapters]}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         messages = [m.plain() for m in body.messages]
         asked = structure(body, model.template.tool_format)
-        return await _respond(await submit(messages, body, True, asked), body, "chat.completion", request, asked)
+        return await _respond(*await submit(messages, body, True, asked), body, "chat.completion", request, asked)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         asked = structure(body, model.template.tool_format)
-        return await _respond(await submit(body.prompt, body, False, asked), body, "text_completion", request, asked)
+        return await _respond(*await submit(body.prompt, body, False, asked), body, "text_completion", request, asked)
 
-    async def _respond(handle: Handle, body, kind: str, request: Request, asked: Structure):
+    async def _respond(handle: Handle, answered: str, body, kind: str, request: Request, asked: Structure):
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -227,10 +234,10 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             except BaseException:
                 handle.cancel()
                 raise
-            return StreamingResponse(_sse(handle, first, rid, kind, include_usage, asked),
+            return StreamingResponse(_sse(handle, first, rid, kind, include_usage, asked, answered),
                                      media_type="text/event-stream")
         done = await _wait(handle, request)
-        return _full_response(rid, kind, done, model_id, asked) | {"edgellm": _report(handle, done)}
+        return _full_response(rid, kind, done, answered, asked) | {"edgellm": _report(handle, done)}
 
     async def _next(handle: Handle, client: _ClientWatch | None = None):
         """The handle's next event; a watched client that hung up meanwhile cancels it."""
@@ -255,14 +262,14 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         finally:
             handle.cancel()
 
-    async def _sse(handle: Handle, first, rid: str, kind: str, include_usage: bool,
-                   asked: Structure) -> AsyncIterator[str]:
+    async def _sse(handle: Handle, first, rid: str, kind: str, include_usage: bool, asked: Structure,
+                   answered: str) -> AsyncIterator[str]:
         created = int(time.time())
         chat = kind == "chat.completion"
         deltas = StreamedDeltas(asked)
         try:
             if chat:
-                yield _chunk(rid, created, model_id, {"role": "assistant", "content": ""}, None, chat)
+                yield _chunk(rid, created, answered, {"role": "assistant", "content": ""}, None, chat)
             pending = first
             while True:
                 try:
@@ -274,14 +281,14 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
                     return
                 if isinstance(event, TokenEvent):
                     for delta in deltas.push(event.text):
-                        yield _chunk(rid, created, model_id, delta, None, chat)
+                        yield _chunk(rid, created, answered, delta, None, chat)
                     continue
                 held, finish_reason = deltas.finish(event.finish_reason)
                 for delta in deltas.push(event.tail) + held:
-                    yield _chunk(rid, created, model_id, delta, None, chat)
-                yield _chunk(rid, created, model_id, None, finish_reason, chat)
+                    yield _chunk(rid, created, answered, delta, None, chat)
+                yield _chunk(rid, created, answered, None, finish_reason, chat)
                 if include_usage:
-                    yield _usage_chunk(rid, created, model_id, event, chat, _report(handle, event))
+                    yield _usage_chunk(rid, created, answered, event, chat, _report(handle, event))
                 yield "data: [DONE]\n\n"
                 return
         finally:

@@ -58,6 +58,7 @@ class ResponseFormat(_Lenient):
 class EdgeLLMOptions(_Lenient):
     """edgellm's own request options, beside OpenAI's fields."""
     speculative: Literal["lookup", "draft", "self", "off"] | None = None  # None: the server's setting
+    adapter: str | None = Field(default=None, max_length=64)  # a resident LoRA adapter (or model "base:adapter")
 
 
 class StreamOptions(_Lenient):
