@@ -50,21 +50,33 @@ def to_hf_layout(source, name: str, w: torch.Tensor) -> torch.Tensor:
 
 
 def convert_to_hf(model: str | Path, out_dir: str | Path, dtype: str = "bf16",
-                  progress: Progress | None = None) -> Path:
-    """Write `model` as an HF folder at out_dir (which must not exist or be empty)."""
+                  progress: Progress | None = None, adapter=None) -> Path:
+    """Write `model` as an HF folder at out_dir (which must not exist or be empty); with a LoRA
+    `adapter` (lora.Adapter, fp32) merged in: W + s B A for each projection it adapts."""
     if dtype not in FLOAT_SCHEMES:
         raise InvalidRequest(f"dtype must be one of {', '.join(FLOAT_SCHEMES)}, got {dtype!r}")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidRequest(f"{out} exists and is not an empty directory")
     with open_model(resolve(model)) as source:
-        tensors = _hf_tensors(source, FLOAT_SCHEMES[dtype], progress)
+        tensors = _hf_tensors(source, FLOAT_SCHEMES[dtype], progress, _merged(adapter))
         files = _hf_side_files(source, tensors, dtype)
     _write_folder(out, tensors, files)
     return out
 
 
-def _hf_tensors(source, dtype: torch.dtype, progress: Progress | None) -> dict[str, torch.Tensor]:
+def _merged(adapter) -> dict[str, torch.Tensor]:
+    """HF tensor name -> s B A for each (layer, projection) the adapter changes."""
+    from edgellm.lora.peft_io import HF_MODULES
+
+    if adapter is None:
+        return {}
+    return {f"model.layers.{layer}.{HF_MODULES[part]}.weight": adapter.scale * (pair.b.float() @ pair.a.float())
+            for (layer, part), pair in adapter.pairs.items()}
+
+
+def _hf_tensors(source, dtype: torch.dtype, progress: Progress | None,
+                deltas: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     arch = source.metadata["general.architecture"]
     if "rope_freqs.weight" in source.tensors:
         raise UnsupportedModel("models with RoPE frequency factors (Llama 3.1 scaling) cannot be written as HF yet")
@@ -73,9 +85,12 @@ def _hf_tensors(source, dtype: torch.dtype, progress: Progress | None) -> dict[s
         hf = hf_name(arch, name)
         if hf is None:
             raise UnsupportedModel(f"tensor {name!r} has no Hugging Face counterpart")
-        tensors[hf] = to_hf_layout(source, name, float_tensor(source, name)).to(dtype).contiguous()
+        w = to_hf_layout(source, name, float_tensor(source, name))
+        tensors[hf] = (w + deltas.pop(hf) if hf in deltas else w).to(dtype).contiguous()
         if progress is not None:
             progress(name, i + 1, len(names))
+    if deltas:
+        raise UnsupportedModel(f"the adapter changes tensors this model has not: {', '.join(sorted(deltas))}")
     return tensors
 
 

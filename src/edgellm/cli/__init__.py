@@ -1,4 +1,4 @@
-"""`edgellm run | chat | classify | extract | summarize | info | plan | bench | serve | convert | quantize | eval`. Errors become one line on stderr and a
+"""`edgellm run | chat | classify | extract | summarize | info | plan | bench | serve | convert | quantize | eval | lora`. Errors become one line on stderr and a
 non-zero exit code; the table below is the one place that maps them."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from edgellm.cli import quant, tasks
+from edgellm.cli import lora, quant, tasks
 from edgellm.cli.generate import cmd_chat, cmd_run
 from edgellm.cli.tools import cmd_bench, cmd_info, cmd_plan, cmd_serve, int_list
 from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=cmd_info)
     quant.add_parsers(sub)
     tasks.add_parsers(sub, _add_model_args)
+    lora.add_parsers(sub)
     return parser
 
 
