@@ -17,7 +17,7 @@ from edgellm.threads import configure_threads
 def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threads: int | None = None,
          context_length: int | None = None, kv: KVConfig | None = None,
          memory_budget: int | str | None = None, speculative: str | None = None,
-         draft: str | Path | Model | None = None) -> Model:
+         draft: str | Path | Model | None = None, lora: dict[str, str | Path | tuple] | None = None) -> Model:
     """Load a registered model name, a .gguf file, a Hugging Face folder or an edgellm
     quantized file (`edgellm quantize`).
 
@@ -27,17 +27,22 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     work that would exceed it raises OutOfMemoryBudget instead of the process being killed.
 
     speculative ("lookup", "draft", "self"; default off) makes it every generation's default;
-    `draft` (a name, path or loaded Model with the same vocabulary) is the draft model."""
+    `draft` (a name, path or loaded Model with the same vocabulary) is the draft model.
+    `lora`: adapters made resident at once, name -> path or (path, scale); a memory budget
+    pays for them first."""
     configure_threads(threads)
     return_large_frees_to_os()
     source = open_model(resolve(name_or_path))
     try:
         draft_kv = None
         if memory_budget is not None:
+            memory_budget = _budget_beside_adapters(memory_budget, lora or {})
             if draft is not None and not isinstance(draft, Model):
                 memory_budget, draft_kv = _budget_beside_draft(source, memory_budget, context_length, draft)
             context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
         model = Model(source, mode, context_length, kv, speculative)
+        for name, where in (lora or {}).items():
+            _load_adapter(model, name, where)
         if isinstance(draft, Model):
             model.attach_draft(draft)
         elif draft is not None:
@@ -48,6 +53,24 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     return_freed_heap()
     reuse_freed_pages()
     return model
+
+
+def _load_adapter(model: Model, name: str, where) -> None:
+    path, scale = (where, 1.0) if isinstance(where, (str, Path)) else where
+    model.load_adapter(path, name, scale)
+
+
+def _budget_beside_adapters(budget, lora: dict) -> int:
+    """The budget left once the adapters are resident (OutOfMemoryBudget if they take it all)."""
+    from edgellm.errors import OutOfMemoryBudget
+    from edgellm.lora.adapter import resident_bytes
+    from edgellm.planner import parse_bytes
+
+    total = parse_bytes(budget)
+    adapters = sum(resident_bytes(w if isinstance(w, (str, Path)) else w[0]) for w in lora.values())
+    if adapters >= total:
+        raise OutOfMemoryBudget(adapters, total, "the LoRA adapters")
+    return total - adapters
 
 
 def _fit_budget(source: GGUFFile, budget, context_length: int | None, kv: KVConfig | None) -> tuple[int, KVConfig]:

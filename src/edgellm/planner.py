@@ -112,6 +112,7 @@ class MemoryPlan:
     tokenizer_bytes: int
     scratch_bytes: int
     margin_bytes: int
+    adapter_bytes: int  # resident LoRA adapters (lora.resident_bytes)
     kv_bytes: int  # at the chosen context
     model_context: int
     options: list[KVOption] = field(default_factory=list)
@@ -120,7 +121,7 @@ class MemoryPlan:
     @property
     def kv_budget_bytes(self) -> int:
         """What is left for KV once everything else is paid for."""
-        fixed = self.runtime_bytes + self.weights_bytes + self.tokenizer_bytes + self.scratch_bytes
+        fixed = self.runtime_bytes + self.weights_bytes + self.tokenizer_bytes + self.scratch_bytes + self.adapter_bytes
         return self.budget_bytes - self.margin_bytes - fixed
 
     def as_dict(self) -> dict:
@@ -128,7 +129,9 @@ class MemoryPlan:
 
 
 def plan(source: GGUFFile, budget: int | str, *, runtime_bytes: int = RUNTIME_BASELINE,
-         want_context: int | None = None, name: str | None = None) -> MemoryPlan:
+         want_context: int | None = None, name: str | None = None, adapter_bytes: int = 0) -> MemoryPlan:
+    """The context and KV precision that fit `budget` beside the runtime, the weights, the
+    tokenizer, scratch and `adapter_bytes` of resident LoRA adapters."""
     budget_bytes = parse_bytes(budget)
     meta = source.metadata
     model_context = int(meta.get(f"{meta.get('general.architecture')}.context_length", 2048))
@@ -136,7 +139,8 @@ def plan(source: GGUFFile, budget: int | str, *, runtime_bytes: int = RUNTIME_BA
     result = MemoryPlan(model=name or str(source.path), budget_bytes=budget_bytes, fits=False, context_length=0,
                         kv_precision=None, runtime_bytes=runtime_bytes, weights_bytes=weight_bytes(source),
                         tokenizer_bytes=tokenizer_bytes(source), scratch_bytes=scratch_bytes(source),
-                        margin_bytes=int(budget_bytes * MARGIN), kv_bytes=0, model_context=model_context)
+                        margin_bytes=int(budget_bytes * MARGIN), adapter_bytes=adapter_bytes, kv_bytes=0,
+                        model_context=model_context)
     specs = layer_specs(meta)
     for precision in PRECISIONS:
         config = KVConfig(k_precision=precision, v_precision=precision)
@@ -159,7 +163,8 @@ def _choose(result: MemoryPlan, target: int, specs) -> None:
         fixed = result.budget_bytes - result.margin_bytes - result.kv_budget_bytes
         smallest = result.options[-1].bytes_per_token * min(MIN_USEFUL_CONTEXT, target)
         needed = (fixed + smallest) / (1 - MARGIN)
-        result.advice.append(f"does not fit: runtime, weights, tokenizer and scratch alone take {fixed / 2**20:.0f} MiB; "
+        result.advice.append(f"does not fit: runtime, weights, tokenizer, scratch and adapters alone take "
+                             f"{fixed / 2**20:.0f} MiB; "
                              f"with int4 KV and {min(MIN_USEFUL_CONTEXT, target)} tokens it needs about "
                              f"{needed / 2**20:.0f} MiB — give it more memory or choose a smaller model")
     elif not full:

@@ -5,6 +5,8 @@ decode as they would alone, prefixes computed under one adapter never serve anot
 adapter unloaded while a request uses it stays with that request to its end."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -102,3 +104,24 @@ def test_an_adapter_unloaded_mid_request_stays_with_that_request(model, adapters
             running.decode()
     model.load_adapter(adapters["translate"], "translate")
     assert running.completion.text == whole.text
+
+
+def test_the_planner_pays_for_resident_adapters_first(smollm2_path, adapters, capsys):
+    from edgellm.cli import main
+    from edgellm.lora.adapter import resident_bytes
+
+    resident = sum(resident_bytes(p) for p in adapters.values())
+    file_bytes = sum((p / "adapter_model.safetensors").stat().st_size for p in adapters.values())
+    assert resident <= file_bytes / 2 + 1  # bf16 pairs from an fp32 file
+    flags = [f"--lora={name}={path}" for name, path in adapters.items()]
+    assert main(["plan", "--memory", "600MB", "-m", str(smollm2_path), "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--memory", "600MB", "-m", str(smollm2_path), "--json", *flags]) == 0
+    beside = json.loads(capsys.readouterr().out)
+    assert beside["adapter_bytes"] == resident
+    assert beside["kv_budget_bytes"] == alone["kv_budget_bytes"] - resident
+    with edgellm.load(smollm2_path, memory_budget="600MB", lora=dict(adapters)) as budgeted, \
+            edgellm.load(smollm2_path, memory_budget="600MB") as plain:
+        assert {a.name for a in budgeted.adapters} == set(adapters)
+        assert budgeted.kv.config.budget_bytes < plain.kv.config.budget_bytes
+        assert sum(a.nbytes for a in budgeted.adapters) == resident

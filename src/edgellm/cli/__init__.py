@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--memory", required=True, metavar="SIZE", help="e.g. 1.5GB, 800MB")
     plan.add_argument("-m", "--model", default=DEFAULT_MODEL)
     plan.add_argument("--context", type=int, default=None, help="the context you want (default: the model's)")
+    plan.add_argument("--lora", action="append", default=[], metavar="[NAME=]PATH",
+                      help="LoRA adapters that will be resident beside the model (repeatable)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
 

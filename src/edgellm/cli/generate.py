@@ -29,16 +29,20 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
     start = time.perf_counter()
     try:
         model = load(path, mode=args.mode, threads=args.threads, kv=kv, memory_budget=args.memory,
-                     context_length=context_length, speculative=args.speculative, draft=args.draft)
+                     context_length=context_length, speculative=args.speculative, draft=args.draft,
+                     lora=lora_specs(args))
     finally:
         print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
-    try:
-        for spec in getattr(args, "lora", []):
-            model.load_adapter(*parse_lora(spec))
-    except BaseException:
-        model.close()
-        raise
     return model
+
+
+def lora_specs(args: argparse.Namespace) -> dict[str, tuple[str, float]]:
+    """--lora flags as name -> (path, scale)."""
+    specs = {}
+    for spec in getattr(args, "lora", []):
+        path, name, scale = parse_lora(spec)
+        specs[name] = (path, scale)
+    return specs
 
 
 def parse_lora(spec: str) -> tuple[str, str, float]:

@@ -149,7 +149,12 @@ def resolve_model(name: str):
 def cmd_plan(args: argparse.Namespace) -> int:
     from edgellm.planner import plan_file
 
-    result = plan_file(resolve_model(args.model), args.memory, want_context=args.context, name=args.model)
+    from edgellm.cli.generate import lora_specs
+    from edgellm.lora.adapter import resident_bytes
+
+    adapters = sum(resident_bytes(path) for path, _ in lora_specs(args).values())
+    result = plan_file(resolve_model(args.model), args.memory, want_context=args.context, name=args.model,
+                       adapter_bytes=adapters)
     if not result.fits:
         others = [name for name in REGISTRY if name != args.model
                   and plan_file(resolve_model(name), args.memory, want_context=args.context).fits]
@@ -163,6 +168,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"fits with {result.context_length} tokens of {result.kv_precision} KV" if result.fits else "does NOT fit"))
     rows = [("runtime (Python + torch)", result.runtime_bytes), ("weights", result.weights_bytes),
             ("tokenizer", result.tokenizer_bytes), ("activation scratch", result.scratch_bytes),
+            *([(f"LoRA adapters ({len(args.lora)})", result.adapter_bytes)] if args.lora else []),
             ("safety margin", result.margin_bytes), ("KV cache at that context", result.kv_bytes)]
     for label, value in rows:
         print(f"  {label:<26}{mib(value):>12}")

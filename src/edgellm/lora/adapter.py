@@ -86,6 +86,26 @@ def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: 
     return Adapter(name or path.stem, path, rank, s, pairs, widths, _digest(pairs, s))
 
 
+def resident_bytes(path: str | Path, element_bytes: int = 2) -> int:
+    """What the adapter at `path` takes once resident (bf16 pairs in fast mode: 2 bytes an
+    element), from its file's header alone: for the planner, before anything loads."""
+    path = Path(path)
+    if path.is_dir():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
+                return element_bytes * sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        except Exception as error:  # safetensors' own errors for missing or corrupt files
+            raise ModelFormatError(path, f"cannot read adapter_model.safetensors: {error}") from None
+    if not path.is_file():
+        raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
+    from edgellm.formats.gguf import GGUFFile
+
+    with GGUFFile(path) as gguf:
+        return element_bytes * sum(info.n_elements for info in gguf.tensors.values())
+
+
 def _digest(pairs: dict[tuple[int, str], LoRAPair], scale: float) -> str:
     h = hashlib.sha256(repr(scale).encode())
     for key in sorted(pairs):
