@@ -89,8 +89,8 @@ class Model:
         salt = f"{self.info.name}|{self.info.file_bytes}|{mode}"
         self.kv = KVManager(self.net.cache_specs(), kv or KVConfig.for_mode(mode), self.context_length, salt=salt)
         self._message_overhead: int | None = None
-        # LoRA adapters over this base, picked per generation (adapter=NAME); bf16 where the native layers read them
-        self.adapters = AdapterSet(self.config, torch.bfloat16 if mode == "fast" else torch.float32)
+        # LoRA adapters over this base, picked per generation (adapter=NAME); int8 rows where the native layers read them
+        self.adapters = AdapterSet(self.config, torch.int8 if mode == "fast" else torch.float32)
 
     def load_adapter(self, path: str | Path, name: str | None = None, scale: float = 1.0) -> Adapter:
         """Make a LoRA adapter (a PEFT folder or a GGUF LoRA) resident over this model as `name`;

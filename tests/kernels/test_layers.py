@@ -16,6 +16,7 @@ import torch
 
 from edgellm.kernels import decode
 from edgellm.kv.codecs import codec
+from edgellm.lora.adapter import pack_a, pack_b_t
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import Int4Linear
@@ -207,7 +208,8 @@ def _effective(layer: _Layer, lora: dict | None) -> dict[str, torch.Tensor]:
 
 
 class _Lora:
-    """A random adapter for one layer as the C layer reads it (bf16 A and B^T) and its fp64 changes."""
+    """A random adapter for one layer as the C layer reads it (int8 rows of A and B^T with a scale
+    each) and its fp64 changes."""
 
     SHAPES = {"q": (HEADS * DIM, HIDDEN), "k": (KV_HEADS * DIM, HIDDEN), "v": (KV_HEADS * DIM, HIDDEN),
               "o": (HIDDEN, HEADS * DIM), "gate": (INTER, HIDDEN), "up": (INTER, HIDDEN), "down": (HIDDEN, INTER)}
@@ -218,11 +220,14 @@ class _Lora:
         self.struct = decode._LoraLayer()
         for part in parts:
             out_dim, in_dim = self.SHAPES[part]
-            a = (torch.randn(rank, in_dim, generator=g) * 0.1).bfloat16()
-            b_t = (torch.randn(rank, out_dim, generator=g) * 0.1).bfloat16()
-            self.tensors += [a, b_t]
-            self.struct.part[decode._LORA_PARTS.index(part)] = decode._LoraPair(a.data_ptr(), b_t.data_ptr(), rank, scale)
-            self.deltas[part] = scale * b_t.double().T @ a.double()
+            a = torch.randint(-127, 128, (rank, in_dim), generator=g, dtype=torch.int8)
+            b_t = torch.randint(-127, 128, (rank, out_dim), generator=g, dtype=torch.int8)
+            a_scale, b_scale = (torch.rand(rank, generator=g) * 1e-3 + 4e-4 for _ in range(2))
+            packed = pack_a(a), pack_b_t(b_t)  # the layout lora_ops.h reads
+            self.tensors += [*packed, a_scale, b_scale]
+            self.struct.part[decode._LORA_PARTS.index(part)] = decode._LoraPair(
+                packed[0].data_ptr(), packed[1].data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), rank, scale)
+            self.deltas[part] = scale * (b_t.double() * b_scale.double()[:, None]).T @ (a.double() * a_scale.double()[:, None])
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
@@ -230,7 +235,7 @@ def test_decoder_layer_adds_each_rows_own_lora(lib, family):
     """Three rows in one call: one under an adapter on every projection, one the base alone,
     one under another adapter (other rank and scale) on some projections."""
     layer = _Layer(family)
-    loras = [_Lora(decode._LORA_PARTS, 16, 2.0, 1), None, _Lora(("q", "v", "up", "down"), 8, 4.0, 2)]
+    loras = [_Lora(decode._LORA_PARTS, 16, 2.0, 1), None, _Lora(("q", "v", "up", "down"), 6, 4.0, 2)]
     g = torch.Generator().manual_seed(3)
     pos = [5, 17, 9]
     caches = [_Cache("f32", "f32", False) for _ in pos]

@@ -275,12 +275,14 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
     /* rows 0 and 2 under a rank-8 LoRA on every projection (row 2 with half its scale), row 1 the base alone */
     int64_t ins[LORA_PARTS] = {256, 256, 256, 256, 256, 256, 512};  /* o reads the 4 x 64 attention */
     LoraLayer adapters[2];
-    uint16_t *lora_w = malloc(2 * 8 * 4096 * LORA_PARTS * sizeof(uint16_t));
-    for (int64_t i = 0; i < 2 * 8 * 4096 * LORA_PARTS; i++) lora_w[i] = to_bf16(uniform() * 0.05f);
+    int8_t *lora_w = malloc(2 * 8 * 4096 * LORA_PARTS);
+    float *lora_s = floats(16);
+    for (int64_t i = 0; i < 2 * 8 * 4096 * LORA_PARTS; i++) lora_w[i] = (int8_t)(uniform() * 127.f);
+    for (int i = 0; i < 16; i++) lora_s[i] = 4e-4f * (1.f + 0.5f * uniform());
     for (int a = 0; a < 2; a++)
         for (int p = 0; p < LORA_PARTS; p++) {
             LoraPair pair = {lora_w + (a * LORA_PARTS + p) * 8 * 4096, lora_w + (a * LORA_PARTS + p) * 8 * 4096 + 8 * ins[p],
-                             8, a ? 1.f : 2.f};
+                             lora_s, lora_s + 8, 8, a ? 1.f : 2.f};
             adapters[a].part[p] = pair;
         }
     const LoraLayer *rows[M] = {&adapters[0], NULL, &adapters[1]};
@@ -329,7 +331,7 @@ static void test_layer(int gemma, int k_codec, int v_codec) {
     for (int lib = 0; lib < 2; lib++)
         for (int kv = 0; kv < 2; kv++) free(q[lib][kv]), free(scale[lib][kv]), free(mins[lib][kv]);
     free(qkv), free(sz), free(o), free(gu), free(down), free(norms), free(xa), free(xb), free(cs), free(sn);
-    free(buf), free(work), free(lora_w);
+    free(buf), free(work), free(lora_w), free(lora_s);
 }
 
 int main(int argc, char **argv) {

@@ -13,7 +13,7 @@ import torch
 import edgellm
 from edgellm.errors import ModelNotFound
 from edgellm.generate.generator import decode_step
-from tests.lora.adapters import random_peft_adapter
+from edgellm.lora.peft_io import random_adapter
 
 PROMPT = [{"role": "user", "content": "Write a short poem about the sea."}]
 
@@ -24,7 +24,7 @@ def adapters(tmp_path_factory, smollm2_path):
     with edgellm.load(smollm2_path) as model:
         config = model.config
     # std 0.05 changes SmolLM2's answers (checked below) and leaves it writing English
-    return {name: random_peft_adapter(root / name, config, rank=16, std=0.05, seed=seed)
+    return {name: random_adapter(root / name, config, rank=16, std=0.05, seed=seed)
             for seed, name in enumerate(["polish", "translate"], start=1)}
 
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.lora.adapters import random_peft_adapter
+from edgellm.lora.peft_io import random_adapter
 from tests.server.conftest import MODEL_ID
 
 KEY = "sekret"
@@ -21,7 +21,7 @@ CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 @pytest.fixture(scope="module")
 def adapter_paths(tmp_path_factory, served_model):
     root = tmp_path_factory.mktemp("served-adapters")
-    return {name: random_peft_adapter(root / name, served_model.config, rank=16, std=0.05, seed=seed)
+    return {name: random_adapter(root / name, served_model.config, rank=16, std=0.05, seed=seed)
             for seed, name in enumerate(["polish", "translate"], start=1)}
 
 

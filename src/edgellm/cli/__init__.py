@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--constrained", action="store_true",
                        help="decode tok/s under a JSON-schema constraint against plain decoding, mask ms per "
                             "token and grammar compile times (comma-separated -m for several models)")
+    bench.add_argument("--lora", action="store_true",
+                       help="decode tok/s with a rank-16 adapter against the base, a 4-stream batch of 4 adapters "
+                            "against one, RSS of resident adapters against their files, training tokens/s")
     bench.add_argument("--architectures", action="store_true",
                        help="decode / prefill tok/s of every supported architecture per weight byte, vs Llama "
                             "(synthetic Q8_0 models of one size)")

@@ -65,6 +65,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
         print(json.dumps(report, indent=2) if args.json else format_speculative(report))
         return 0
+    if args.lora:
+        from edgellm.bench.lora import format_lora, lora_report
+
+        report = lora_report(models[0], gen_tokens=args.gen_tokens, repeat=args.repeat,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(report, indent=2) if args.json else format_lora(report))
+        return 0
     if args.constrained:
         from edgellm.bench.constrained import constrained_report, format_constrained
 

@@ -13,7 +13,7 @@ It applies in fast mode when everything the C layers assume holds: at most MAX_S
 new token per decoding sequence, or a few prompt tokens of one sequence: `step_rows`),
 every projection on edgellm's INT4 kernel (`Int4Linear`), on GGUF blocks or INT8 rows in place
 (`BlockLinear`) or dense, the model's MLP activation, and KV stores in f32, f16, bf16, int8 or
-int4 (kv/codecs.py), dense or sliding rings. Rows may run under LoRA adapters (bf16 pairs of a
+int4 (kv/codecs.py), dense or sliding rings. Rows may run under LoRA adapters (int8 pairs of a
 rank up to MAX_LORA_RANK on widths of whole vectors: lora_ops.h), each row its own.
 Otherwise `step` returns None and the model runs its PyTorch code — which stays the
 reference: tests/kernels/test_decode.py checks that the two agree."""
@@ -63,7 +63,7 @@ class _KVSlots(ctypes.Structure):
 
 
 class _LoraPair(ctypes.Structure):
-    _fields_ = [("a", _p), ("bt", _p), ("rank", _i64), ("scale", _f32)]
+    _fields_ = [("a", _p), ("bt", _p), ("a_scale", _p), ("bt_scale", _p), ("rank", _i64), ("scale", _f32)]
 
 
 _LORA_PARTS = ("q", "k", "v", "o", "gate", "up", "down")  # layer_types.h's LORA_Q ... LORA_DOWN
@@ -267,20 +267,20 @@ class FusedDecoder:
 
 
 def _describe_adapter(adapter, n_layers: int) -> tuple[ctypes.Array, list[int]] | None:
-    """An adapter as one LoraLayer per layer (pointing into its bf16 tensors) and their
-    addresses; None where the C layers cannot read it."""
+    """An adapter as one LoraLayer per layer (pointing into its int8 tensors and scales) and
+    their addresses; None where the C layers cannot read it."""
     lib = kernels.library()
     vector = 16  # the widest ISA's floats per vector: every length a multiple of it
-    for pair in adapter.pairs.values():
-        rank, width = pair.a.shape[0], pair.b_t.shape[1]
-        if (pair.a.dtype, pair.b_t.dtype) != (torch.bfloat16, torch.bfloat16) or rank > _MAX_LORA_RANK \
-                or pair.a.shape[1] % vector or width % vector or lib is None:
+    for pair in adapter.pairs.values():  # int8 pairs are in lora_ops.h's layout (LoRAPair.stored_as)
+        if pair.a.dtype != torch.int8 or pair.rank > _MAX_LORA_RANK or pair.in_features % vector \
+                or pair.out_features % vector or lib is None:
             return None
     layers = (_LoraLayer * n_layers)()
     for (i, part), pair in adapter.pairs.items():
         if i < n_layers:
             layers[i].part[_LORA_PARTS.index(part)] = _LoraPair(pair.a.data_ptr(), pair.b_t.data_ptr(),
-                                                                 pair.a.shape[0], adapter.scale)
+                                                                 pair.a_scale.data_ptr(), pair.b_scale.data_ptr(),
+                                                                 pair.rank, adapter.scale)
     size = ctypes.sizeof(_LoraLayer)
     return layers, [ctypes.addressof(layers) + i * size for i in range(n_layers)]
 

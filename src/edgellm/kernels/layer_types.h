@@ -74,11 +74,14 @@ typedef struct {
     Projection qkv, o, gate_up, down;
 } GemmaLayer;
 
-/* LoRA (lora_ops.h): one adapter's low-rank pair for one projection, A (rank, in) and B^T (rank, out)
-   in bf16, adding scale * B (A x) to that projection's output; a == NULL: the part is not adapted. */
+/* LoRA (lora_ops.h): one adapter's low-rank pair for one projection, adding scale * B (A x) to that
+   projection's output: A (rank, in) and B^T (rank, out) as int8 rows, row r of A times a_scale[r]
+   and of B^T times bt_scale[r] (a decode step reads every adapter byte from memory: int8 halves
+   bf16's bytes); a == NULL: the part is not adapted. */
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_PARTS };
 typedef struct {
-    const uint16_t *a, *bt;
+    const int8_t *a, *bt;
+    const float *a_scale, *bt_scale;
     int64_t rank;
     float scale;
 } LoraPair;

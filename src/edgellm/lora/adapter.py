@@ -33,12 +33,88 @@ _GGUF_KEY = re.compile(r"blk\.(\d+)\.(\w+)\.weight\.lora_([ab])$")
 
 @dataclass(frozen=True)
 class LoRAPair:
-    a: torch.Tensor  # A (rank, in)
-    b_t: torch.Tensor  # B^T (rank, out): the native kernel runs along the output
+    """A (rank, in) and B^T (rank, out) as float matrices; or, in fast mode, as int8 rows with an
+    fp32 scale each (row r of A is a[r] * a_scale[r]) laid out as kernels/lora_ops.h reads them
+    (flat: A in interleaved groups of 4 rows, B^T in tiles of 64 columns)."""
+    a: torch.Tensor
+    b_t: torch.Tensor
+    a_scale: torch.Tensor | None = None
+    b_scale: torch.Tensor | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.a.shape[0] if self.a_scale is None else self.a_scale.numel()
+
+    @property
+    def in_features(self) -> int:
+        return self.a.numel() // self.rank
+
+    @property
+    def out_features(self) -> int:
+        return self.b_t.numel() // self.rank
 
     @property
     def b(self) -> torch.Tensor:
-        return self.b_t.T
+        return self.dense()[1].T
+
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A and B^T in fp32."""
+        if self.a_scale is None:
+            return self.a.float(), self.b_t.float()
+        a = _unpack_a(self.a, self.rank, self.in_features)
+        b_t = _unpack_b_t(self.b_t, self.rank, self.out_features)
+        return a.float() * self.a_scale[:, None], b_t.float() * self.b_scale[:, None]
+
+    def stored_as(self, dtype: torch.dtype) -> LoRAPair:
+        """This pair in `dtype`; torch.int8: symmetric rows, one fp32 scale each (the LoRA
+        product's error stays ~0.4 % of its own size), in the native kernel's layout."""
+        a, b_t = self.dense()
+        if dtype != torch.int8 or a.shape[1] % _CHUNK:  # the native layout needs whole chunks: fp32 then
+            return LoRAPair(a.to(dtype).contiguous(), b_t.to(dtype).contiguous())
+        (qa, sa), (qb, sb) = _int8_rows(a), _int8_rows(b_t)
+        return LoRAPair(pack_a(qa), pack_b_t(qb), sa, sb)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.a, self.b_t, self.a_scale, self.b_scale) if t is not None)
+
+
+def _int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = x.abs().amax(dim=1).clamp_min(1e-30) / 127
+    return (x / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scale.float().contiguous()
+
+
+# lora_ops.h's layout: the rows a job reads together lie in one contiguous run (short rows read
+# side by side stalled on memory latency)
+_RANKS, _CHUNK, _COLUMNS = 4, 16, 64  # LORA_RANKS, LORA_CHUNK, LORA_COLUMNS
+
+
+def pack_a(a: torch.Tensor) -> torch.Tensor:
+    """A (rank, in) as groups of 4 rows, each (in / 16, 4, 16); the rows after the last whole group plain."""
+    rank, n = a.shape
+    whole = rank // _RANKS * _RANKS
+    groups = a[:whole].reshape(-1, _RANKS, n // _CHUNK, _CHUNK).transpose(1, 2)
+    return torch.cat([groups.reshape(-1), a[whole:].reshape(-1)]).contiguous()
+
+
+def _unpack_a(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
+    whole = rank // _RANKS * _RANKS
+    groups = flat[:whole * n].reshape(-1, n // _CHUNK, _RANKS, _CHUNK).transpose(1, 2).reshape(whole, n)
+    return torch.cat([groups, flat[whole * n:].reshape(-1, n)])
+
+
+def pack_b_t(b_t: torch.Tensor) -> torch.Tensor:
+    """B^T (rank, out) as tiles of 64 columns (the last may be narrower), each (rank, columns)."""
+    return torch.cat([b_t[:, c:c + _COLUMNS].reshape(-1) for c in range(0, b_t.shape[1], _COLUMNS)]).contiguous()
+
+
+def _unpack_b_t(flat: torch.Tensor, rank: int, out: int) -> torch.Tensor:
+    tiles, start = [], 0
+    for c in range(0, out, _COLUMNS):
+        width = min(_COLUMNS, out - c)
+        tiles.append(flat[start:start + rank * width].reshape(rank, width))
+        start += rank * width
+    return torch.cat(tiles, dim=1)
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a resident adapter is one object
@@ -53,7 +129,7 @@ class Adapter:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.a.numel() * p.a.element_size() + p.b.numel() * p.b.element_size() for p in self.pairs.values())
+        return sum(p.nbytes for p in self.pairs.values())
 
     @property
     def projections(self) -> tuple[str, ...]:
@@ -71,7 +147,7 @@ def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
 def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: float = 1.0,
                  dtype: torch.dtype = torch.float32) -> Adapter:
     """The adapter at `path` (a PEFT folder or a GGUF LoRA file), checked against the base
-    model's `config`, its pairs in `dtype` (bf16 for the native kernels), its scale times `scale`."""
+    model's `config`, its pairs in `dtype` (torch.int8 for the native kernels), its scale times `scale`."""
     path = Path(path)
     if path.is_dir():
         rank, alpha_scale, pairs = _read_peft(path)
@@ -80,38 +156,42 @@ def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: 
     else:
         raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
     _check(path, pairs, rank, config)
-    pairs = {key: LoRAPair(p.a.to(dtype).contiguous(), p.b_t.to(dtype).contiguous()) for key, p in pairs.items()}
+    pairs = {key: p.stored_as(dtype) for key, p in pairs.items()}
     widths = {p: out for p, (out, _) in projection_shapes(config).items()}
     s = alpha_scale * scale
     return Adapter(name or path.stem, path, rank, s, pairs, widths, _digest(pairs, s))
 
 
-def resident_bytes(path: str | Path, element_bytes: int = 2) -> int:
-    """What the adapter at `path` takes once resident (bf16 pairs in fast mode: 2 bytes an
-    element), from its file's header alone: for the planner, before anything loads."""
+def resident_bytes(path: str | Path) -> int:
+    """What the adapter at `path` takes once resident in fast mode (int8 pairs: a byte an
+    element and an fp32 scale per rank row), from its file's header alone: for the planner,
+    before anything loads."""
     path = Path(path)
     if path.is_dir():
         from safetensors import safe_open
 
         try:
             with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
-                return element_bytes * sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+                shapes = [f.get_slice(k).get_shape() for k in f.keys()]
         except Exception as error:  # safetensors' own errors for missing or corrupt files
             raise ModelFormatError(path, f"cannot read adapter_model.safetensors: {error}") from None
-    if not path.is_file():
-        raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
-    from edgellm.formats.gguf import GGUFFile
+    elif path.is_file():
+        from edgellm.formats.gguf import GGUFFile
 
-    with GGUFFile(path) as gguf:
-        return element_bytes * sum(info.n_elements for info in gguf.tensors.values())
+        with GGUFFile(path) as gguf:
+            shapes = [info.shape for info in gguf.tensors.values()]
+    else:
+        raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
+    return sum(math.prod(shape) + 4 * min(shape) for shape in shapes)  # the rank is the small side
 
 
 def _digest(pairs: dict[tuple[int, str], LoRAPair], scale: float) -> str:
     h = hashlib.sha256(repr(scale).encode())
     for key in sorted(pairs):
         h.update(repr(key).encode())
-        for t in (pairs[key].a, pairs[key].b_t):
-            h.update(t.view(torch.uint8).numpy())
+        for t in (pairs[key].a, pairs[key].b_t, pairs[key].a_scale, pairs[key].b_scale):
+            if t is not None:
+                h.update(t.view(torch.uint8).numpy())
     return h.hexdigest()[:16]
 
 

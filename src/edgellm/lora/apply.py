@@ -52,7 +52,8 @@ class LayerAdapters:
             for part in parts:
                 width, pair = adapter.widths[part], adapter.pairs.get((self.i, part))
                 if pair is not None:
-                    delta = adapter.scale * ((xs @ pair.a.float().T) @ pair.b_t.float())
+                    a, b_t = pair.dense()
+                    delta = adapter.scale * ((xs @ a.T) @ b_t)
                     y[rows, :, offset:offset + width] += delta.to(y.dtype)
                 offset += width
         return y

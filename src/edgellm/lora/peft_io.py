@@ -41,3 +41,18 @@ def save_peft(out: str | Path, pairs: dict[tuple[int, str], tuple[torch.Tensor, 
     with atomic_path(out / "adapter_config.json") as tmp:
         tmp.write_text(json.dumps(config, indent=2))
     return out
+
+
+def random_adapter(out: str | Path, config, rank: int = 16, alpha: float | None = None,
+                   targets: tuple[str, ...] = tuple(HF_MODULES), seed: int = 0, std: float = 0.02) -> Path:
+    """A random rank-`rank` PEFT adapter on `targets` of every layer of a model of `config`
+    (benchmarks and tests: what matters is its shapes and that it changes the outputs; std 0.05
+    changes SmolLM2's answers and leaves it writing English)."""
+    from edgellm.lora.adapter import projection_shapes
+
+    g = torch.Generator().manual_seed(seed)
+    shapes = projection_shapes(config)
+    pairs = {(i, part): (torch.randn(rank, shapes[part][1], generator=g) * std,
+                         torch.randn(shapes[part][0], rank, generator=g) * std)
+             for i in range(config.n_layers) for part in targets}
+    return save_peft(out, pairs, rank, float(alpha if alpha is not None else rank), "random")

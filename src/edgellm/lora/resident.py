@@ -15,7 +15,7 @@ from edgellm.lora.adapter import Adapter, load_adapter
 
 class AdapterSet:
     def __init__(self, config: Any, dtype: torch.dtype):
-        self.config, self.dtype = config, dtype  # bf16 in fast mode (what the native layers read), fp32 in exact
+        self.config, self.dtype = config, dtype  # int8 in fast mode (what the native layers read), fp32 in exact
         self._by_name: dict[str, Adapter] = {}
         self._lock = threading.Lock()
 
