@@ -17,8 +17,7 @@ import torch
 from edgellm.chat_template import ChatTemplate
 from edgellm.errors import InvalidRequest, UnsupportedModel
 from edgellm.formats import load_tokenizer, open_model
-from edgellm.formats.hf_names import NORMS_PLUS_ONE, PERMUTED_QK, config_from_metadata, hf_name
-from edgellm.models.llama import unpermute_rows
+from edgellm.formats.hf_names import NORMS_PLUS_ONE, PERMUTED_QK, config_from_metadata, hf_name, unpermute_rows
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.schemes import FLOAT_SCHEMES
 from edgellm.registry import resolve

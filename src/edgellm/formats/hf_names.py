@@ -251,3 +251,12 @@ def config_from_metadata(meta: Mapping[str, Any], vocab_size: int, tied: bool, d
         config |= {"hidden_act": "silu", "rope_parameters": {"rope_type": "default", "rope_theta": base},
                    "rope_theta": base, "attention_bias": arch == "qwen2"}
     return config
+
+
+def unpermute_rows(n_heads: int, head_dim: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's rotary pairs for Llama q/k weights;
+    this row order restores the rotate-half layout (row h·d + s·d/2 + i <- h·d + 2i + s)."""
+    import torch
+
+    h, s, i = torch.meshgrid(torch.arange(n_heads), torch.arange(2), torch.arange(head_dim // 2), indexing="ij")
+    return (h * head_dim + 2 * i + s).reshape(-1)

@@ -225,7 +225,7 @@ def _read_peft(folder: Path) -> tuple[int, float, dict]:
 
 def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
     from edgellm.formats.gguf import GGUFFile
-    from edgellm.models.llama import unpermute_rows
+    from edgellm.formats.hf_names import unpermute_rows
     from edgellm.quant.ggml import dequantize
 
     with GGUFFile(path) as gguf:

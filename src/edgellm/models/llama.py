@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from edgellm.kernels.decode import FusedDecoder, fused_step
-from edgellm.formats.hf_names import PERMUTED_QK
+from edgellm.formats.hf_names import PERMUTED_QK, unpermute_rows
 from edgellm.kv.config import LayerSpec
 from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, attention, head_norms, llama3_rope_factors, norm_rope,
@@ -113,13 +113,6 @@ def _llama3_rope(get) -> tuple[float, float, float, int] | None:
         return None
     return (float(get("rope.scaling.factor")), float(get("rope.scaling.low_freq_factor", 1.0)),
             float(get("rope.scaling.high_freq_factor", 4.0)), int(get("rope.scaling.original_context_length")))
-
-
-def unpermute_rows(n_heads: int, head_dim: int) -> torch.Tensor:
-    """llama.cpp's converter interleaves each head's rotary pairs for Llama q/k weights;
-    this row order restores the rotate-half layout (row h·d + s·d/2 + i <- h·d + 2i + s)."""
-    h, s, i = torch.meshgrid(torch.arange(n_heads), torch.arange(2), torch.arange(head_dim // 2), indexing="ij")
-    return (h * head_dim + 2 * i + s).reshape(-1)
 
 
 class Attention(nn.Module):
