@@ -92,8 +92,9 @@ class Engine:
 
 def _by_model(requests: list[RunningRequest]) -> list[list[RunningRequest]]:
     """Requests on the same network and KV precision decode as one batch (a fallback model or
-    a fallback precision runs its own)."""
-    groups: dict[tuple[int, int], list[RunningRequest]] = defaultdict(list)
+    a fallback precision runs its own), whatever LoRA adapter each runs under: the layers add
+    each row's own."""
+    groups: dict[tuple[int, str], list[RunningRequest]] = defaultdict(list)
     for r in requests:
-        groups[id(r.generation.model), id(r.generation.kv)].append(r)
+        groups[id(r.generation.model), r.generation.kv.precision].append(r)
     return list(groups.values())

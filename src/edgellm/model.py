@@ -260,12 +260,13 @@ class Model:
             generation.speculate(drafter, costs)
         return generation
 
-    def continuation_logprobs(self, prompt: str | Sequence[int], continuations: Sequence[Sequence[int]]) -> list[float]:
+    def continuation_logprobs(self, prompt: str | Sequence[int], continuations: Sequence[Sequence[int]],
+                              adapter: str | Adapter | None = None) -> list[float]:
         """Log-probability of each token sequence in `continuations` right after `prompt` (the
         sum over its tokens): the prompt runs once (or comes from the prefix cache), each
         continuation from its KV, trimmed after. For scoring labels (tasks.classify)."""
         ids = self._ids(prompt)
-        seq, reused = self.kv.new_sequence(ids)
+        seq, reused = self.kv.for_adapter(self.adapters.get(adapter)).new_sequence(ids)
         scores = []
         try:
             with torch.inference_mode():

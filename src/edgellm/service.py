@@ -232,6 +232,8 @@ class Service:
     def _start(self, handle: Handle) -> RunningRequest:
         request = handle.request
         sampling = dict(request.sampling)
+        if sampling.get("adapter") is not None:  # a name resolves now; the object stays with the request
+            sampling["adapter"] = self.model.adapters.get(sampling["adapter"])
         fallback = self._room(self.fallback_model, self._fallback_tokens(request)) if self.fallback_model else None
         room = self._room(self.model, prompt=handle.prompt_ids, adapter=sampling.get("adapter"))
         plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), room, fallback, self._device(), self.policy)

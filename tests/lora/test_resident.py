@@ -125,3 +125,12 @@ def test_the_planner_pays_for_resident_adapters_first(smollm2_path, adapters, ca
         assert {a.name for a in budgeted.adapters} == set(adapters)
         assert budgeted.kv.config.budget_bytes < plain.kv.config.budget_bytes
         assert sum(a.nbytes for a in budgeted.adapters) == resident
+
+
+def test_label_scores_run_under_the_adapter_asked_for(model):
+    ids = model.chat_ids([{"role": "user", "content": "Is the sea blue? Answer yes or no."}])
+    labels = [model.tokenizer.encode(x, add_special_tokens=False) for x in ("yes", "no")]
+    base = model.continuation_logprobs(ids, labels)
+    adapted = model.continuation_logprobs(ids, labels, adapter="polish")
+    assert adapted == model.continuation_logprobs(ids, labels, adapter="polish")  # again, from its own prefix
+    assert max(abs(a - b) for a, b in zip(adapted, base)) > 0.05

@@ -117,6 +117,19 @@ def test_requests_under_different_adapters_batch_together_as_each_alone(keyed, s
         assert _load(keyed, name, path).status_code == 201
     models = [f"{MODEL_ID}:polish", MODEL_ID, f"{MODEL_ID}:translate", f"{MODEL_ID}:polish"]
     alone = [_answer(_client(keyed), m) for m in models]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        together = list(pool.map(lambda m: _answer(_client(keyed), m), models))
+    decoder, widest = served_model.net.decoder, []
+    native_step = decoder.step_rows
+
+    def watched(work, *args, **kwargs):  # the real native step, noting how many sequences each call holds
+        adapters = kwargs.get("adapters") or (args[1] if len(args) > 1 else [])
+        widest.append(len({id(a) for a in adapters}))
+        return native_step(work, *args, **kwargs)
+
+    decoder.step_rows = watched
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda m: _answer(_client(keyed), m), models))
+    finally:
+        del decoder.step_rows
     assert together == alone
+    assert max(widest) >= 2  # rows under different adapters share native calls: never a batch per adapter

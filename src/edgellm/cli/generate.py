@@ -41,6 +41,8 @@ def lora_specs(args: argparse.Namespace) -> dict[str, tuple[str, float]]:
     specs = {}
     for spec in getattr(args, "lora", []):
         path, name, scale = parse_lora(spec)
+        if name in specs:
+            raise InvalidRequest(f"two --lora adapters are named {name!r}: name them (--lora NAME=PATH)")
         specs[name] = (path, scale)
     return specs
 
@@ -49,7 +51,9 @@ def parse_lora(spec: str) -> tuple[str, str, float]:
     """`[NAME=]PATH[@SCALE]` -> (path, name, scale); the name defaults to the file or folder name."""
     from pathlib import Path
 
-    name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    name, _, path = spec.partition("=")
+    if not path or "/" in name:  # no '=', or one inside the path
+        name, path = "", spec
     scale = 1.0
     head, _, tail = path.rpartition("@")
     if head:
@@ -60,11 +64,11 @@ def parse_lora(spec: str) -> tuple[str, str, float]:
     return path, name or Path(path).stem, scale
 
 
-def _adapter(args: argparse.Namespace) -> dict[str, Any]:
-    """run and chat answer under the one --lora given."""
+def adapter_choice(args: argparse.Namespace) -> dict[str, Any]:
+    """run, chat and the task commands answer under the one --lora given."""
     specs = getattr(args, "lora", [])
     if len(specs) > 1:
-        raise InvalidRequest(f"run and chat answer under one --lora, got {len(specs)} (serve keeps several)")
+        raise InvalidRequest(f"this command answers under one --lora, got {len(specs)} (serve keeps several)")
     return {"adapter": parse_lora(specs[0])[1]} if specs else {}
 
 
@@ -116,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     constraint = constraint_from_args(args)
     if constraint is not None:
         sampling["constraint"] = constraint
-    sampling |= _adapter(args)
+    sampling |= adapter_choice(args)
     with load_model(args) as model:
         if args.raw:
             events = model.stream(args.prompt, **sampling)
@@ -136,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    sampling = _sampling(args) | _adapter(args)
+    sampling = _sampling(args) | adapter_choice(args)
     with load_model(args) as model:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         print("chat with the model; /reset clears the conversation, /exit or Ctrl-D quits", file=sys.stderr)

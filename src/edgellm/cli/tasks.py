@@ -65,7 +65,7 @@ def constraint_from_args(args: argparse.Namespace):
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    from edgellm.cli.generate import load_model
+    from edgellm.cli.generate import adapter_choice, load_model
     from edgellm.tasks import classify
 
     labels = [x.strip() for x in args.labels.split(",") if x.strip()]
@@ -74,7 +74,8 @@ def cmd_classify(args: argparse.Namespace) -> int:
     rows = _labelled(args.eval, labels) if args.eval else [{"text": t} for t in (args.text or _stdin_lines())]
     with load_model(args) as model:
         for row in rows:
-            row["predicted"] = classify(model, row["text"], labels, instructions=args.instructions)
+            row["predicted"] = classify(model, row["text"], labels, instructions=args.instructions,
+                                        **adapter_choice(args))
             if not args.eval and not args.json:
                 print(row["predicted"], flush=True)
     if args.eval:
@@ -87,20 +88,21 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     from edgellm import constrain
-    from edgellm.cli.generate import load_model
+    from edgellm.cli.generate import adapter_choice, load_model
     from edgellm.tasks import extract
 
     schema = _read(args.schema, "schema")
     constrain.json_schema(schema)  # an invalid schema fails before the model loads
     text = _read(args.text[1:], "text") if args.text.startswith("@") else args.text
     with load_model(args) as model:
-        value = extract(model, text, schema, instructions=args.instructions, max_tokens=args.max_tokens)
+        value = extract(model, text, schema, instructions=args.instructions, max_tokens=args.max_tokens,
+                        **adapter_choice(args))
     print(json.dumps(value, ensure_ascii=False))
     return 0
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from edgellm.cli.generate import load_model
+    from edgellm.cli.generate import adapter_choice, load_model
     from edgellm.tasks import summarize
 
     text = sys.stdin.read() if args.file == "-" else _read(args.file, "text")
@@ -112,7 +114,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             print(f"summarizing: part {done}/{total}", file=sys.stderr, flush=True)
 
     with load_model(args) as model:
-        print(summarize(model, text, words=args.words, progress=progress))
+        print(summarize(model, text, words=args.words, progress=progress, **adapter_choice(args)))
     return 0
 
 

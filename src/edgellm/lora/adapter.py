@@ -109,12 +109,9 @@ def pack_b_t(b_t: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_b_t(flat: torch.Tensor, rank: int, out: int) -> torch.Tensor:
-    tiles, start = [], 0
-    for c in range(0, out, _COLUMNS):
-        width = min(_COLUMNS, out - c)
-        tiles.append(flat[start:start + rank * width].reshape(rank, width))
-        start += rank * width
-    return torch.cat(tiles, dim=1)
+    whole = out // _COLUMNS * _COLUMNS  # the full tiles in one view, then the narrower last one
+    tiles = flat[:rank * whole].reshape(-1, rank, _COLUMNS).transpose(0, 1).reshape(rank, whole)
+    return torch.cat([tiles, flat[rank * whole:].reshape(rank, out - whole)], dim=1)
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a resident adapter is one object
@@ -225,7 +222,7 @@ def _read_peft(folder: Path) -> tuple[int, float, dict]:
 
 def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
     from edgellm.formats.gguf import GGUFFile
-    from edgellm.formats.hf_names import unpermute_rows
+    from edgellm.formats.hf_names import PERMUTED_QK, unpermute_rows
     from edgellm.quant.ggml import dequantize
 
     with GGUFFile(path) as gguf:
@@ -242,7 +239,7 @@ def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
         alpha = float(meta.get("adapter.lora.alpha", 0.0))
         architecture = meta.get("general.architecture")
     pairs = _pairs(path, halves, "a", "b")
-    if architecture in ("llama",):  # llama.cpp's converter interleaves Llama q/k rows, as in the base
+    if architecture in PERMUTED_QK:  # llama.cpp's converter interleaves these q/k rows, as in the base
         for (layer, module), pair in list(pairs.items()):
             if module in ("q", "k"):
                 heads = config.n_heads if module == "q" else config.n_kv_heads
@@ -256,6 +253,8 @@ def _pairs(where: Path, halves: dict, a: str, b: str) -> dict[tuple[int, str], L
     for key, parts in halves.items():
         if set(parts) != {a, b}:
             raise AdapterMismatch(f"{where}: layer {key[0]} {key[1]} has only lora_{next(iter(parts))}")
+        if any(t.dim() != 2 for t in parts.values()):
+            raise AdapterMismatch(f"{where}: layer {key[0]} {key[1]}: LoRA tensors must be matrices")
         pairs[key] = LoRAPair(parts[a], parts[b].T)
     if not pairs:
         raise AdapterMismatch(f"{where}: the adapter holds no LoRA tensors")

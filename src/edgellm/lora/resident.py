@@ -35,9 +35,10 @@ class AdapterSet:
 
     def unload(self, name: str) -> Adapter:
         with self._lock:
-            if name not in self._by_name:
-                raise self._unknown(name)
-            return self._by_name.pop(name)
+            adapter = self._by_name.pop(name, None)
+        if adapter is None:
+            raise self._unknown(name)
+        return adapter
 
     def get(self, adapter: str | Adapter | None) -> Adapter | None:
         """The resident adapter of a name (an Adapter passes through; None: the base)."""
@@ -50,7 +51,7 @@ class AdapterSet:
         return found
 
     def _unknown(self, name: str) -> ModelNotFound:
-        loaded = ", ".join(sorted(self._by_name)) or "none"
+        loaded = ", ".join(sorted(a.name for a in self)) or "none"
         return ModelNotFound(f"no adapter {name!r} is loaded (loaded: {loaded})")
 
     @property

@@ -95,7 +95,8 @@ def read_examples(path: str | Path, template, max_len: int) -> list[Example]:
             raise InvalidRequest(f"{path}:{number}: not a conversation ({error})") from None
         example = chat_example(template, messages, max_len)
         if not any(example.learn):
-            raise InvalidRequest(f"{path}:{number}: no assistant message to learn from")
+            raise InvalidRequest(f"{path}:{number}: no assistant tokens to learn from within the first {max_len} "
+                                 f"tokens (is there an assistant message? --max-len may be too short)")
         examples.append(example)
     if not examples:
         raise InvalidRequest(f"{path} holds no examples")

@@ -8,7 +8,7 @@ import anyio
 from fastapi import FastAPI
 from pydantic import Field
 
-from edgellm.errors import EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, UnsupportedModel
+from edgellm.errors import EdgeLLMError, InvalidRequest, ModelNotFound
 from edgellm.lora import Adapter
 from edgellm.server.schemas import _Lenient
 
@@ -32,8 +32,8 @@ def model_entry(model_id: str, adapter: Adapter | None = None) -> dict:
 def resolve(model, model_id: str, requested: str, extension: str | None) -> tuple[str, Adapter | None]:
     """The id to answer with and the resident adapter a request picks (None: the base), by its
     `model` ("base" or "base:adapter") or the extension field; ModelNotFound otherwise."""
-    base, _, named = requested.partition(":")
-    if base != model_id:
+    named = requested[len(model_id) + 1:] if requested.startswith(model_id + ":") else ""
+    if requested != model_id and not named:
         raise ModelNotFound(f"model {requested!r} does not exist; this server serves {model_id!r}"
                             + "".join(f", '{model_id}:{a.name}'" for a in model.adapters))
     if named and extension and named != extension:
@@ -62,9 +62,7 @@ def add_adapter_routes(app: FastAPI, model, model_id: str, api_key: str | None, 
         guard()
         try:  # reading the file takes a while: off the event loop, requests keep running
             adapter = await anyio.to_thread.run_sync(lambda: model.load_adapter(body.path, body.name, body.scale))
-        except (ModelFormatError, UnsupportedModel) as problem:
-            raise error(400, str(problem), "invalid_adapter") from None
-        except EdgeLLMError as problem:
+        except (EdgeLLMError, OSError) as problem:  # a bad or unreadable file: the caller's to fix
             raise error(400, str(problem), "invalid_adapter") from None
         return model_entry(model_id, adapter)
 
