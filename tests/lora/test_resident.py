@@ -132,5 +132,6 @@ def test_label_scores_run_under_the_adapter_asked_for(model):
     labels = [model.tokenizer.encode(x, add_special_tokens=False) for x in ("yes", "no")]
     base = model.continuation_logprobs(ids, labels)
     adapted = model.continuation_logprobs(ids, labels, adapter="polish")
-    assert adapted == model.continuation_logprobs(ids, labels, adapter="polish")  # again, from its own prefix
+    again = model.continuation_logprobs(ids, labels, adapter="polish")  # from its own cached prefix this time
+    assert again == pytest.approx(adapted, abs=1e-2)
     assert max(abs(a - b) for a, b in zip(adapted, base)) > 0.05
