@@ -41,8 +41,8 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
                 memory_budget, draft_kv = _budget_beside_draft(source, memory_budget, context_length, draft)
             context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
         model = Model(source, mode, context_length, kv, speculative)
-        for name, where in (lora or {}).items():
-            _load_adapter(model, name, where)
+        for name, where in (lora or {}).items():  # a budget was planned with them in it
+            _load_adapter(model, name, where, charge=memory_budget is None)
         if isinstance(draft, Model):
             model.attach_draft(draft)
         elif draft is not None:
@@ -55,9 +55,9 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     return model
 
 
-def _load_adapter(model: Model, name: str, where) -> None:
+def _load_adapter(model: Model, name: str, where, charge: bool) -> None:
     path, scale = (where, 1.0) if isinstance(where, (str, Path)) else where
-    model.load_adapter(path, name, scale)
+    model.load_adapter(path, name, scale, charge)
 
 
 def _budget_beside_adapters(budget, lora: dict) -> int:

@@ -90,12 +90,14 @@ class Model:
         self.kv = KVManager(self.net.cache_specs(), kv or KVConfig.for_mode(mode), self.context_length, salt=salt)
         self._message_overhead: int | None = None
         # LoRA adapters over this base, picked per generation (adapter=NAME); int8 rows where the native layers read them
-        self.adapters = AdapterSet(self.config, torch.int8 if mode == "fast" else torch.float32)
+        self.adapters = AdapterSet(self.config, torch.int8 if mode == "fast" else torch.float32, self.kv)
 
-    def load_adapter(self, path: str | Path, name: str | None = None, scale: float = 1.0) -> Adapter:
+    def load_adapter(self, path: str | Path, name: str | None = None, scale: float = 1.0,
+                     charge: bool = True) -> Adapter:
         """Make a LoRA adapter (a PEFT folder or a GGUF LoRA) resident over this model as `name`;
-        generations pick it with adapter=name. `scale` multiplies its alpha / rank."""
-        return self.adapters.load(path, name, scale)
+        generations pick it with adapter=name. `scale` multiplies its alpha / rank. Under a
+        memory budget its bytes come off the KV's (charge=False: the plan already paid for it)."""
+        return self.adapters.load(path, name, scale, charge)
 
     def unload_adapter(self, name: str) -> None:
         """New generations can no longer pick `name`; running ones finish under it."""

@@ -135,3 +135,19 @@ def test_label_scores_run_under_the_adapter_asked_for(model):
     again = model.continuation_logprobs(ids, labels, adapter="polish")  # from its own cached prefix this time
     assert again == pytest.approx(adapted, abs=1e-2)
     assert max(abs(a - b) for a, b in zip(adapted, base)) > 0.05
+
+
+def test_an_adapter_loaded_under_a_memory_budget_comes_off_the_kv_budget(smollm2_path, adapters):
+    from edgellm.errors import OutOfMemoryBudget
+
+    with edgellm.load(smollm2_path, memory_budget="600MB") as model:
+        budget = model.kv.pool.budget_bytes
+        adapter = model.load_adapter(adapters["polish"], "polish")
+        assert model.kv.pool.budget_bytes == budget - adapter.nbytes
+        model.unload_adapter("polish")
+        assert model.kv.pool.budget_bytes == budget
+        model.kv.pool.budget_bytes = adapter.nbytes // 2  # a budget running requests have (nearly) filled
+        with pytest.raises(OutOfMemoryBudget, match="the LoRA adapter 'polish'"):
+            model.load_adapter(adapters["polish"], "polish")
+        with pytest.raises(ModelNotFound):  # refused: not resident
+            model.generation([1, 2, 3], adapter="polish")

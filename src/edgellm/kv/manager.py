@@ -96,6 +96,27 @@ class KVManager:
         if free is not None and needed > free:
             raise OutOfMemoryBudget(needed, free)
 
+    def lend(self, nbytes: int, what: str) -> None:
+        """Take `nbytes` off the budget for memory that lives beside the KV (a LoRA adapter loaded
+        at run time), evicting unused cached prefixes for it; OutOfMemoryBudget when running
+        sequences hold the rest. No budget: nothing to do."""
+        with self.pool.lock:
+            available = self.pool.available_bytes()
+            if available is None:
+                return
+            if nbytes > available and self.prefix is not None:
+                self.prefix.evict(nbytes - available)
+                available = self.pool.available_bytes()
+            if nbytes > available:
+                raise OutOfMemoryBudget(nbytes, max(available, 0), what)
+            self.pool.budget_bytes -= nbytes
+
+    def give_back(self, nbytes: int) -> None:
+        """Return what `lend` took."""
+        with self.pool.lock:
+            if self.pool.budget_bytes is not None:
+                self.pool.budget_bytes += nbytes
+
     def take(self, n: int) -> list[int]:
         """n blocks of this precision, evicting unused cached prefixes to make room."""
         available = self.pool.available_bytes()

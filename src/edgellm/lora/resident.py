@@ -14,15 +14,20 @@ from edgellm.lora.adapter import Adapter, load_adapter
 
 
 class AdapterSet:
-    def __init__(self, config: Any, dtype: torch.dtype):
-        self.config, self.dtype = config, dtype  # int8 in fast mode (what the native layers read), fp32 in exact
+    """`kv`: the model's KV manager, whose byte budget (if any) pays for adapters loaded at run
+    time (those the budget was planned with come in with charge=False)."""
+
+    def __init__(self, config: Any, dtype: torch.dtype, kv=None):
+        self.config, self.dtype, self.kv = config, dtype, kv  # int8 in fast mode (the native layers read it), fp32 in exact
         self._by_name: dict[str, Adapter] = {}
+        self._charged: dict[str, int] = {}  # bytes lent by the KV budget, per name
         self._lock = threading.Lock()
 
-    def load(self, path: str | Path, name: str | None = None, scale: float = 1.0) -> Adapter:
+    def load(self, path: str | Path, name: str | None = None, scale: float = 1.0, charge: bool = True) -> Adapter:
         """Read and check the adapter at `path` and make it resident as `name` (default: the
         file or folder name); a resident adapter of that name is replaced (its running requests
-        keep it)."""
+        keep it). Under a memory budget its bytes come off the KV budget (OutOfMemoryBudget if
+        running requests hold it)."""
         name = name or Path(path).stem
         if not name or ":" in name or "/" in name:
             raise InvalidRequest(f"an adapter name must be non-empty without ':' or '/', got {name!r}")
@@ -30,12 +35,22 @@ class AdapterSet:
             raise InvalidRequest(f"an adapter scale must be in [0, 100], got {scale}")
         adapter = load_adapter(path, self.config, name, scale, self.dtype)  # outside the lock: may take a while
         with self._lock:
+            lent = adapter.nbytes if charge and self.kv is not None else 0
+            if lent:
+                self.kv.lend(lent, f"the LoRA adapter {name!r}")
+            self._give_back(self._charged.pop(name, 0))
             self._by_name[name] = adapter
+            self._charged[name] = lent
         return adapter
+
+    def _give_back(self, nbytes: int) -> None:
+        if nbytes:
+            self.kv.give_back(nbytes)
 
     def unload(self, name: str) -> Adapter:
         with self._lock:
             adapter = self._by_name.pop(name, None)
+            self._give_back(self._charged.pop(name, 0))  # freed once its last running request ends
         if adapter is None:
             raise self._unknown(name)
         return adapter

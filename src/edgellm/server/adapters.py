@@ -8,7 +8,7 @@ import anyio
 from fastapi import FastAPI
 from pydantic import Field
 
-from edgellm.errors import EdgeLLMError, InvalidRequest, ModelNotFound
+from edgellm.errors import EdgeLLMError, InvalidRequest, ModelNotFound, OutOfMemoryBudget
 from edgellm.lora import Adapter
 from edgellm.server.schemas import _Lenient
 
@@ -62,6 +62,8 @@ def add_adapter_routes(app: FastAPI, model, model_id: str, api_key: str | None, 
         guard()
         try:  # reading the file takes a while: off the event loop, requests keep running
             adapter = await anyio.to_thread.run_sync(lambda: model.load_adapter(body.path, body.name, body.scale))
+        except OutOfMemoryBudget as problem:  # a sound adapter with no room for it now
+            raise error(507, str(problem), "insufficient_memory") from None
         except (EdgeLLMError, OSError) as problem:  # a bad or unreadable file: the caller's to fix
             raise error(400, str(problem), "invalid_adapter") from None
         return model_entry(model_id, adapter)
