@@ -140,10 +140,10 @@ class Model:
     def _stream_ids(self, ids: list[int], sampling: dict[str, Any]) -> Iterator[GenerationEvent]:
         grammar = self._grammar(self._constraint(sampling))
         options = self._options(adapter=sampling.pop("adapter", None))
-        params, drafter, costs = self._decoding(sampling, grammar)
+        params, drafter, costs = self._decoding(sampling, grammar, options["kv"].adapter)
         return stream_generate(self.net, ids, params, drafter=drafter, costs=costs, grammar=grammar, **options)
 
-    def _decoding(self, sampling: dict[str, Any], grammar: GrammarState | None = None,
+    def _decoding(self, sampling: dict[str, Any], grammar: GrammarState | None = None, adapter: Adapter | None = None,
                   ) -> tuple[SamplingParams, Drafter | None, SpeculationCosts | None]:
         """Sampling keywords (and `speculative`, default the model's) -> the sampling parameters,
         a fresh drafter (None: plain decoding) and the costs its kind measured before. Under a
@@ -151,7 +151,7 @@ class Model:
         requested = sampling.pop("speculative", self.speculative)
         kind = _speculative_kind(requested)
         params = _params(sampling)
-        drafter = self.drafter(kind, params)
+        drafter = self.drafter(kind, params, adapter)
         if grammar is not None and requested != "off":
             return params, GrammarForced(grammar, drafter), None
         return params, drafter, self._speculation_costs(kind)
@@ -193,8 +193,9 @@ class Model:
                                 f"{self.path.name} ({mine!r}): its guesses would be other tokens")
         self.draft, self._owns_draft = draft, owned
 
-    def drafter(self, kind: str | None, params: SamplingParams) -> Drafter | None:
-        """A fresh drafter of `kind` for one generation (None: plain decoding)."""
+    def drafter(self, kind: str | None, params: SamplingParams, adapter: Adapter | None = None) -> Drafter | None:
+        """A fresh drafter of `kind` for one generation (None: plain decoding); the
+        self-speculative draft runs under the generation's LoRA adapter too (its first layers)."""
         if kind is None:
             return None
         if not self._rows_warm:
@@ -214,7 +215,7 @@ class Model:
         if n is None:
             return NoDraft("self")  # measured not to pay on this model: plain decoding
         net, kv = self._self_draft_parts(n)
-        return DraftModel(net, kv, sampler, "self")
+        return DraftModel(net, kv.for_adapter(adapter), sampler, "self")
 
     def forget_speculation_costs(self) -> None:
         """Let the next generations measure speculation afresh (the machine's load changed, or
@@ -256,7 +257,7 @@ class Model:
         ids = self.chat_ids(prompt, tools, constraint) if chat else self._ids(prompt)
         grammar = self._grammar(constraint)
         options = self._options(kv, sampling.pop("adapter", None))
-        params, drafter, costs = self._decoding(sampling, grammar)
+        params, drafter, costs = self._decoding(sampling, grammar, options["kv"].adapter)
         generation = Generation(self.net, ids, params, grammar=grammar, **options)
         if drafter is not None:
             generation.speculate(drafter, costs)

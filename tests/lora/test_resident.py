@@ -151,3 +151,25 @@ def test_an_adapter_loaded_under_a_memory_budget_comes_off_the_kv_budget(smollm2
             model.load_adapter(adapters["polish"], "polish")
         with pytest.raises(ModelNotFound):  # refused: not resident
             model.generation([1, 2, 3], adapter="polish")
+
+
+def test_self_speculation_under_an_adapter_drafts_under_it_and_keeps_plain_tokens(model):
+    ids = model.chat_ids(PROMPT)
+    plain = model.generate(ids, adapter="polish", max_tokens=32, ignore_eos=True)
+    model.self_draft_layers = 24  # of 30: a draft that guesses well enough to be used
+    try:
+        drafter = model.drafter("self", plain_params(), model.adapters.get("polish"))
+        assert drafter.kv.adapter is model.adapters.get("polish")  # its first layers run the adapter too
+        drafter.close()
+        model.forget_speculation_costs()
+        fast = model.generate(ids, adapter="polish", max_tokens=32, ignore_eos=True, speculative="self")
+    finally:
+        model.self_draft_layers = None
+    assert fast.token_ids == plain.token_ids
+    assert fast.timings.accepted_tokens > 0
+
+
+def plain_params():
+    from edgellm.generate import SamplingParams
+
+    return SamplingParams(max_tokens=32)
