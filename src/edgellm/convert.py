@@ -70,8 +70,11 @@ def _merged(adapter) -> dict[str, torch.Tensor]:
 
     if adapter is None:
         return {}
-    return {f"model.layers.{layer}.{HF_MODULES[part]}.weight": adapter.scale * (pair.b.float() @ pair.a.float())
-            for (layer, part), pair in adapter.pairs.items()}
+    deltas = {}
+    for (layer, part), pair in adapter.pairs.items():
+        a, b_t = pair.dense()
+        deltas[f"model.layers.{layer}.{HF_MODULES[part]}.weight"] = adapter.scale * (b_t.T @ a)
+    return deltas
 
 
 def _hf_tensors(source, dtype: torch.dtype, progress: Progress | None,

@@ -163,15 +163,9 @@ def _reference(layer: _Layer, x: torch.Tensor, cos, sin, caches: list[_Cache], p
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
-@pytest.mark.parametrize("k, v, ring", [("f16", "f16", False), ("f32", "f32", True), ("int8", "int8", False),
-                                        ("int8", "int4", True), ("int4", "int4", False),
-                                        ("bf16", "bf16", True)])
-def test_decoder_layer_matches_fp64(lib, family, k, v, ring):
-    layer = _Layer(family)
-    g = torch.Generator().manual_seed(7)
-    pos = [5, 17, 30] if ring else [5, 40, 0]  # a ring of 24 slots has wrapped at 30; 40: a third page
-    caches = [_Cache(k, v, ring) for _ in pos]
+def _run_layer(lib, layer: _Layer, caches: list[_Cache], pos: list[int], g: torch.Generator, lora=None):
+    """Fill each cache up to its position, then run the C layer once on random rows at those
+    positions (`lora`: one adapter pointer per row, or None); returns x, cos, sin and the output."""
     for cache, p in zip(caches, pos):
         cache.fill(p, g)
     x = torch.randn(len(pos), HIDDEN, generator=g)
@@ -181,11 +175,23 @@ def test_decoder_layer_matches_fp64(lib, family, k, v, ring):
     slots = (decode._KVSlots * len(pos))(*(c.slots() for c in caches))
     buf = torch.empty(lib.edgellm_layer_floats(ctypes.byref(layer.desc.dims), len(pos)), dtype=torch.float32)
     work = torch.empty(lib.edgellm_block_gemv_work(8, INTER), dtype=torch.uint8)
-    run = lib.edgellm_gemma_layer if family == "gemma3" else lib.edgellm_llama_layer
+    run = lib.edgellm_gemma_layer if layer.gemma else lib.edgellm_llama_layer
     run.restype = None
     run(ctypes.byref(layer.desc), ctypes.c_void_p(ours.data_ptr()), ctypes.c_int(len(pos)), ctypes.c_void_p(cos.data_ptr()),
         ctypes.c_void_p(sin.data_ptr()), slots, (ctypes.c_int64 * len(pos))(*pos), ctypes.c_void_p(buf.data_ptr()),
-        ctypes.c_void_p(work.data_ptr()), ctypes.c_int(2), None)
+        ctypes.c_void_p(work.data_ptr()), ctypes.c_int(2), lora)
+    return x, cos, sin, ours
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("k, v, ring", [("f16", "f16", False), ("f32", "f32", True), ("int8", "int8", False),
+                                        ("int8", "int4", True), ("int4", "int4", False),
+                                        ("bf16", "bf16", True)])
+def test_decoder_layer_matches_fp64(lib, family, k, v, ring):
+    layer = _Layer(family)
+    pos = [5, 17, 30] if ring else [5, 40, 0]  # a ring of 24 slots has wrapped at 30; 40: a third page
+    caches = [_Cache(k, v, ring) for _ in pos]
+    x, cos, sin, ours = _run_layer(lib, layer, caches, pos, torch.Generator().manual_seed(7))
     expected = _reference(layer, x, cos, sin, caches, pos)
     # int16 activations in every GEMV: ~1e-4 of the largest value
     assert (ours.double() - expected).abs().max() < 1e-3 * expected.abs().max()
@@ -236,24 +242,10 @@ def test_decoder_layer_adds_each_rows_own_lora(lib, family):
     one under another adapter (other rank and scale) on some projections."""
     layer = _Layer(family)
     loras = [_Lora(decode._LORA_PARTS, 16, 2.0, 1), None, _Lora(("q", "v", "up", "down"), 6, 4.0, 2)]
-    g = torch.Generator().manual_seed(3)
     pos = [5, 17, 9]
     caches = [_Cache("f32", "f32", False) for _ in pos]
-    for cache, p in zip(caches, pos):
-        cache.fill(p, g)
-    x = torch.randn(len(pos), HIDDEN, generator=g)
-    angles = torch.tensor(pos, dtype=torch.float64)[:, None] * (1e-2 ** torch.arange(DIM // 2) / (DIM // 2))
-    cos, sin = (f(torch.cat([angles, angles], dim=-1)).float().contiguous() for f in (torch.cos, torch.sin))
-    ours = x.clone()
-    slots = (decode._KVSlots * len(pos))(*(c.slots() for c in caches))
     rows = (ctypes.c_void_p * len(pos))(*(None if l is None else ctypes.addressof(l.struct) for l in loras))
-    buf = torch.empty(lib.edgellm_layer_floats(ctypes.byref(layer.desc.dims), len(pos)), dtype=torch.float32)
-    work = torch.empty(lib.edgellm_block_gemv_work(8, INTER), dtype=torch.uint8)
-    run = lib.edgellm_gemma_layer if family == "gemma3" else lib.edgellm_llama_layer
-    run.restype = None
-    run(ctypes.byref(layer.desc), ctypes.c_void_p(ours.data_ptr()), ctypes.c_int(len(pos)), ctypes.c_void_p(cos.data_ptr()),
-        ctypes.c_void_p(sin.data_ptr()), slots, (ctypes.c_int64 * len(pos))(*pos), ctypes.c_void_p(buf.data_ptr()),
-        ctypes.c_void_p(work.data_ptr()), ctypes.c_int(2), rows)
+    x, cos, sin, ours = _run_layer(lib, layer, caches, pos, torch.Generator().manual_seed(3), rows)
     expected = _reference(layer, x, cos, sin, caches, pos, [None if l is None else l.deltas for l in loras])
     assert (ours.double() - expected).abs().max() < 1e-3 * expected.abs().max()
     base = _reference(layer, x, cos, sin, caches, pos)

@@ -100,17 +100,12 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from edgellm.convert import convert_to_hf
     from edgellm.formats import open_model
     from edgellm.lora.adapter import load_adapter
-    from edgellm.models import ARCHITECTURES
+    from edgellm.models import model_config
     from edgellm.registry import resolve
 
     path = resolve(args.model)
     with open_model(path) as source:
-        arch = source.metadata.get("general.architecture")
-        if arch not in ARCHITECTURES:
-            from edgellm.errors import UnsupportedModel
-
-            raise UnsupportedModel(f"architecture {arch!r} is not supported")
-        config = ARCHITECTURES[arch][0].from_gguf(source.metadata, vocab_size=0)
+        config = model_config(source.metadata)
     adapter = load_adapter(args.adapter, config, scale=args.scale, dtype=torch.float32)
     with progress_bar(not args.quiet) as report:
         out = convert_to_hf(path, args.out, args.dtype, adapter=adapter,

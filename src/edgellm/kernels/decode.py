@@ -181,7 +181,7 @@ class FusedDecoder:
         per_seq = _sequence_layers(caches)
         if per_seq is None or tokens.shape != (len(per_seq), 1):
             return None
-        adapters = [getattr(s, "adapter", None) for s in getattr(caches, "sequences", [caches])]
+        adapters = [getattr(s, "adapter", None) for s in _sequences(caches)]
         logits = self.step_rows([(layers, [int(t)]) for layers, t in zip(per_seq, tokens[:, 0])], adapters=adapters)
         return None if logits is None else logits.unsqueeze(1)
 
@@ -269,11 +269,10 @@ class FusedDecoder:
 def _describe_adapter(adapter, n_layers: int) -> tuple[ctypes.Array, list[int]] | None:
     """An adapter as one LoraLayer per layer (pointing into its int8 tensors and scales) and
     their addresses; None where the C layers cannot read it."""
-    lib = kernels.library()
     vector = 16  # the widest ISA's floats per vector: every length a multiple of it
     for pair in adapter.pairs.values():  # int8 pairs are in lora_ops.h's layout (LoRAPair.stored_as)
         if pair.a.dtype != torch.int8 or pair.rank > _MAX_LORA_RANK or pair.in_features % vector \
-                or pair.out_features % vector or lib is None:
+                or pair.out_features % vector:
             return None
     layers = (_LoraLayer * n_layers)()
     for (i, part), pair in adapter.pairs.items():
@@ -294,9 +293,14 @@ def _last_rows(work) -> list[int]:
     return last
 
 
+def _sequences(caches) -> list:
+    """The sequences of a step: one SequenceKV, or those of a BatchKV."""
+    return getattr(caches, "sequences", [caches])
+
+
 def _sequence_layers(caches) -> list[list] | None:
-    """Each sequence's per-layer caches: one SequenceKV, or the sequences of a BatchKV."""
-    per_seq = [getattr(s, "layers", None) for s in getattr(caches, "sequences", [caches])]
+    """Each sequence's per-layer caches."""
+    per_seq = [getattr(s, "layers", None) for s in _sequences(caches)]
     return per_seq if all(per_seq) else None
 
 

@@ -71,7 +71,6 @@ static inline void attention_in(const LayerDims *D, const float *x, const float 
                                 int threads) {
     int64_t d = D->head_dim, width = qkv_width(D), widths[3] = {D->n_heads * d, D->n_kv * d, D->n_kv * d};
     norm_rows(D, x, attn_norm, m, B->n);
-    lora_prefetch(lora, LORA_Q, 3, widths, D->hidden, m);
     gemv(qkv, B->n, m, B->qkv, width, work, threads);
     lora_add(lora, LORA_Q, 3, widths, B->n, D->hidden, m, B->qkv, width, B->lora, threads);
     for (int i = 0; i < m; i++) {
@@ -88,7 +87,6 @@ static inline void attention_in(const LayerDims *D, const float *x, const float 
 static inline void attention_out(const LayerDims *D, const Projection *o, KVSlots *caches, const int64_t *pos, int m,
                                  const LoraLayer *const *lora, const LayerBuffers *B, void *work, int threads) {
     int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d;
-    lora_prefetch(lora, LORA_O, 1, &D->hidden, qd, m);
     for (int i = 0; i < m; i++) {
         const float *qkv = B->qkv + i * qkv_width(D);
         int64_t slots = kv_write(&caches[i], qkv + qd, qkv + qd + kvd, D->n_kv, d, pos[i]);
@@ -104,7 +102,6 @@ static inline void attention_out(const LayerDims *D, const Projection *o, KVSlot
 static inline void gated_mlp(const LayerDims *D, const Projection *gate_up, const Projection *down, int act, int m,
                              const LoraLayer *const *lora, const LayerBuffers *B, void *work, int threads) {
     int64_t widths[2] = {D->inter, D->inter};
-    lora_prefetch(lora, LORA_GATE, 2, widths, D->hidden, m);
     gemv(gate_up, B->n, m, B->gu, 2 * D->inter, work, threads);
     lora_add(lora, LORA_GATE, 2, widths, B->n, D->hidden, m, B->gu, 2 * D->inter, B->lora, threads);
     for (int i = 0; i < m; i++) {
@@ -112,7 +109,6 @@ static inline void gated_mlp(const LayerDims *D, const Projection *gate_up, cons
         for (int64_t j = 0; j < D->inter; j += VL)
             vf_store(B->act + i * D->inter + j, vf_mul(activate(vf_load(gate + j), act), vf_load(up + j)));
     }
-    lora_prefetch(lora, LORA_DOWN, 1, &D->hidden, D->inter, m);
     gemv(down, B->act, m, B->proj, D->hidden, work, threads);
     lora_add(lora, LORA_DOWN, 1, &D->hidden, B->act, D->inter, m, B->proj, D->hidden, B->lora, threads);
 }

@@ -5,8 +5,10 @@
    scale each (layer_types.h); B's row scales fold into t, so the B stage is plain FMAs.
 
    Two stages per projection, in one parallel region: t = scale * A x for every (row, part, rank)
-   (dot products over `in`), then y[:, part] += B t, split over column blocks of every row's
-   parts (B^T is stored (rank, out) so this is a run of vector FMAs along the output). */
+   (dot products over `in`, four rank rows a job), then y[:, part] += B t, split over tiles of
+   LORA_COLUMNS output columns of every row's parts (runs of vector FMAs along the output). Both
+   read their bytes as one contiguous run per job (the layouts below): an adapter comes from
+   memory every decode step, and short rows read side by side stalled on latency. */
 #pragma once
 #include "layer_types.h"
 #include "simd.h"
@@ -21,7 +23,7 @@ static inline const LoraPair *lora_pair(const LoraLayer *const *lora, int row, i
 #define LORA_RANKS 4 /* rank rows per job of the A stage: four accumulators share each load of x */
 #define LORA_CHUNK 16 /* A's rows are interleaved in chunks of this many values (layout below) */
 
-/* t[r] = scale * bt_scale[r] * (A x)[r] for r in [r0, r0 + LORA_RANKS) of one row and one part.
+/* t[r] = scale * a_scale[r] * bt_scale[r] * (A x)[r] for r in [r0, r0 + LORA_RANKS) of one row and one part.
    A is stored in groups of LORA_RANKS rows, each group as (in / LORA_CHUNK, LORA_RANKS, LORA_CHUNK):
    the four rows a job reads together are one contiguous run; rows past the last whole group follow
    plainly (row r at r * in). */
@@ -71,23 +73,6 @@ static inline void lora_up(const LoraPair *p, const float *t, int64_t c0, int64_
         vf acc = vf_load(y + c);
         for (int64_t r = 0; r < p->rank; r++) acc = vf_fma(vf_set1(t[r]), vf_load_i8(tile + r * tw + (c - c0)), acc);
         vf_store(y + c, acc);
-    }
-}
-
-/* Ask for the adapters' bytes of these parts before the base GEMV runs: a decode step finds them in
-   memory (the base weights streamed through evict them), and read as the short rows they are they
-   stall on latency (~3x their compute in a measured run); fetched meanwhile they arrive in cache. */
-static inline void lora_prefetch(const LoraLayer *const *lora, int first, int count, const int64_t *widths,
-                                 int64_t in, int m) {
-    if (!lora) return;
-    for (int i = 0; i < m; i++) {
-        if (i > 0 && lora[i] == lora[i - 1]) continue;  /* rows of one sequence, or one adapter */
-        for (int p = 0; p < count; p++) {
-            const LoraPair *pair = lora_pair(lora, i, first + p);
-            if (!pair) continue;
-            for (int64_t b = 0; b < pair->rank * in; b += 64) __builtin_prefetch(pair->a + b, 0, 2);
-            for (int64_t b = 0; b < pair->rank * widths[p]; b += 64) __builtin_prefetch(pair->bt + b, 0, 2);
-        }
     }
 }
 

@@ -101,12 +101,10 @@ class KVManager:
         at run time), evicting unused cached prefixes for it; OutOfMemoryBudget when running
         sequences hold the rest. No budget: nothing to do."""
         with self.pool.lock:
-            available = self.pool.available_bytes()
-            if available is None:
+            if self.pool.budget_bytes is None:
                 return
-            if nbytes > available and self.prefix is not None:
-                self.prefix.evict(nbytes - available)
-                available = self.pool.available_bytes()
+            self._make_room(nbytes)
+            available = self.pool.available_bytes()
             if nbytes > available:
                 raise OutOfMemoryBudget(nbytes, max(available, 0), what)
             self.pool.budget_bytes -= nbytes
@@ -119,11 +117,15 @@ class KVManager:
 
     def take(self, n: int) -> list[int]:
         """n blocks of this precision, evicting unused cached prefixes to make room."""
+        self._make_room(n * self.block_bytes)
+        return self.pool.allocate(n, self.block_bytes)
+
+    def _make_room(self, nbytes: int) -> None:
+        """Evict unused cached prefixes until `nbytes` of the budget are free (or none are left)."""
         available = self.pool.available_bytes()
-        short = 0 if available is None else n * self.block_bytes - available
+        short = 0 if available is None else nbytes - available
         if short > 0 and self.prefix is not None:
             self.prefix.evict(short)
-        return self.pool.allocate(n, self.block_bytes)
 
     # -- sequences and prefixes ----------------------------------------------------------
 

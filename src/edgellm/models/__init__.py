@@ -36,14 +36,19 @@ def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache
     return model_cls(config, Weights(source, mode, cache)).eval()
 
 
+def model_config(metadata):
+    """A model's config straight from its metadata (no weights): shapes for planning, adapters."""
+    arch = metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModel(f"architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[arch][0].from_gguf(metadata, vocab_size=0)
+
+
 def layer_specs(metadata) -> list:
     """Per-layer KV shapes straight from metadata (no weights), for memory planning."""
     from edgellm.kv.config import LayerSpec
 
-    arch = metadata.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise UnsupportedModel(f"architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})")
-    config = ARCHITECTURES[arch][0].from_gguf(metadata, vocab_size=0)
+    config = model_config(metadata)
     sliding = getattr(config, "is_sliding", lambda i: False)
     window = getattr(config, "sliding_window", None)
     return [LayerSpec(config.n_kv_heads, config.head_dim, window if sliding(i) else None, None)
