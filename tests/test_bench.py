@@ -39,7 +39,7 @@ def test_bench_profile_lists_op_types(smollm2_path):
     assert result.returncode == 0, result.stderr
     assert f"kernels: {kernels.describe()}" in result.stdout  # the variant that ran
     if kernels.available():  # the native decoder layers and GEMV are named, beside aten ops
-        assert "edgellm::decode_layer" in result.stdout and "edgellm::block_gemv" in result.stdout  # the Q8_0 head
+        assert "edgellm::decode_layers" in result.stdout and "edgellm::block_gemv" in result.stdout  # the Q8_0 head
     else:  # PyTorch's layers: its own ops
         assert "aten::" in result.stdout and "edgellm::" not in result.stdout
     assert "per decode step" in result.stdout
