@@ -1,5 +1,6 @@
-"""A decode step with one native call per layer (llama_layer.c, gemma_layer.c) instead of
-~70 eager ops per layer, for one sequence or a batch of up to MAX_SEQS.
+"""A decode step with one native call for all layers (edgellm_decoder_layers running the model's
+llama_layer.c or gemma_layer.c function per layer) instead of ~70 eager ops per layer, for one
+sequence or a batch of up to MAX_SEQS.
 
 A model owns its decoder (`model.decoder`, built by `FusedDecoder.build`) and tells it what it
 needs through public parts only (the `NativeModel` protocol below): the name of its C layer
@@ -191,7 +192,7 @@ class FusedDecoder:
 
     def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False,
                   adapters: Sequence | None = None) -> torch.Tensor | None:
-        """One native call per layer for several sequences' next tokens: (a sequence's per-layer
+        """One native call for several sequences' next tokens through every layer: (a sequence's per-layer
         caches, its tokens), one token for a decode step or a few for a prompt chunk or a
         speculative check (rows of one sequence are written and attended in order, so each sees
         the ones before it: causal). At most MAX_SEQS rows in all. `adapters`: each entry's LoRA
