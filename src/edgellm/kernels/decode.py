@@ -41,6 +41,7 @@ MAX_SEQS = 8  # layer_ops.h
 _WEIGHT_INT4, _WEIGHT_BF16, _WEIGHT_F32 = -1, -2, -3  # else a ggml block type read in place (layer_ops.h)
 _MAX_PARTS = 3
 _KV_F32, _KV_F16, _KV_INT8, _KV_INT4, _KV_BF16 = 0, 1, 2, 3, 4  # layer_types.h
+_FP32 = 0  # simd.h's dtype code for float
 
 
 class _WeightPart(ctypes.Structure):
@@ -159,6 +160,7 @@ class FusedDecoder:
         self._views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # per adapter: the address of its LoraLayer for each layer (None: the C layers cannot take it)
         self._adapters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._rope_chunks: dict[int, _RopeChunk] = {}  # by position // _ROPE_CHUNK, oldest first
 
     @classmethod
     def build(cls, net: NativeModel, mode: str) -> FusedDecoder | None:
@@ -206,29 +208,32 @@ class FusedDecoder:
         for layers, tokens in work:  # grow before any KVSlots points into the stores
             for cache in layers:
                 cache.reserve(layers[0].offset + len(tokens))
-        ropes = self._ropes(torch.tensor([p for _, p, _ in rows]))
+        cos, sin, keep = self._ropes([p for _, p, _ in rows])
         x = self._embed([t for _, _, t in rows])
         positions = (_i64 * m)(*(p for _, p, _ in rows))
         n = len(self.layers)
         slots = (_KVSlots * (n * m))(*(self._slots(layers[i]) for i in range(n) for layers, _, _ in rows))
         adapted = None if lora is None else (_p * (n * m))(*(None if a is None else a[i] for i in range(n) for a in lora))
-        cos, sin = ((_p * n)(*(t.data_ptr() for t in tables)) for tables in zip(*ropes))
         with kernels.profiled("edgellm::decode_layers"):
             self.run_layers(self.run_layer, self._layer_addresses, n, _p(x.data_ptr()), m, cos, sin, slots, positions,
                             _p(self.buf.data_ptr()), _p(self.work.data_ptr()), torch.get_num_threads(), adapted)
         for layers, _, _ in rows:
             for cache in layers:
                 cache.mark_written(1)
-        picked = torch.arange(m) if every_row else torch.tensor(list(_last_rows(work)))
-        return self.net.head(x[picked].view(len(picked), 1, -1))[:, 0]
+        if not every_row and len(work) < m:  # only each entry's last row goes through the head
+            x = x[torch.tensor(_last_rows(work))]
+        return self.net.head(x.view(x.shape[0], 1, -1))[:, 0]
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
-        """The rows' embeddings (m, hidden) fp32, scaled: GGUF rows dequantized in C (the eager
-        dequantization took ~0.1 ms a step)."""
+        """The rows' embeddings (m, hidden) fp32, scaled: GGUF rows dequantized in C, straight from
+        the table (the eager dequantization took ~0.1 ms a step)."""
         table = self.net.embed
         if isinstance(table, BlockEmbedding) and table.ggml_type in BLOCK_TYPES and table.ggml_type != I8:
             x = torch.empty(len(tokens), table.dim)
-            kernels.blocks_to_float(table.rows[tokens], table.ggml_type, table.dim, out=x)
+            row_bytes, base, out = table.rows.stride(0), table.rows.data_ptr(), x.data_ptr()
+            for i, t in enumerate(tokens):
+                self.lib.edgellm_blocks_to_float(base + t * row_bytes, table.ggml_type, 1, table.dim, None,
+                                                 out + 4 * i * table.dim, _FP32, 1)
         else:
             x = table(torch.tensor([tokens])).reshape(len(tokens), -1).float().contiguous()
         return x if self.net.embed_scale == 1.0 else x * self.net.embed_scale
@@ -271,14 +276,51 @@ class FusedDecoder:
         view.slots.used = getattr(cache, "used_slots", 0)  # a ring's written slots grow every step
         return view.slots
 
-    def _ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, (cos, sin) (B, D) of each sequence's position (tables shared between layers
-        are converted once)."""
-        converted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for pair in (per_layer := self.net.rope_per_layer(positions)):
-            if id(pair) not in converted:
-                converted[id(pair)] = tuple(t.reshape(positions.shape[0], -1).contiguous() for t in pair)
-        return [converted[id(pair)] for pair in per_layer]
+    def _ropes(self, positions: list[int]) -> tuple[ctypes.Array, ctypes.Array, list]:
+        """Per layer, the addresses of cos and sin (m, D) for the rows' positions, and the tensors
+        to keep alive until the call returns. A decode step reads one row of a table computed for
+        _ROPE_CHUNK positions at a time (computing each step's angles cost ~0.3 ms)."""
+        chunks = [self._rope_chunk(p // _ROPE_CHUNK) for p in positions]
+        layer_table, d = chunks[0].layer_table, chunks[0].head_dim
+        if len(positions) == 1:
+            row = (positions[0] % _ROPE_CHUNK) * d * 4
+            per_table = [(c.data_ptr() + row, s.data_ptr() + row) for c, s in chunks[0].tables]
+            keep = chunks
+        else:
+            keep = [tuple(torch.stack([chunk.tables[u][half][p % _ROPE_CHUNK] for chunk, p in zip(chunks, positions)])
+                          for half in (0, 1)) for u in range(len(chunks[0].tables))]
+            per_table = [(c.data_ptr(), s.data_ptr()) for c, s in keep]
+        cos = (_p * len(layer_table))(*(per_table[u][0] for u in layer_table))
+        sin = (_p * len(layer_table))(*(per_table[u][1] for u in layer_table))
+        return cos, sin, keep
+
+    def _rope_chunk(self, index: int) -> _RopeChunk:
+        chunk = self._rope_chunks.get(index)
+        if chunk is None:
+            if len(self._rope_chunks) >= _ROPE_CHUNKS_KEPT:
+                self._rope_chunks.pop(next(iter(self._rope_chunks)))  # the oldest
+            chunk = self._rope_chunks[index] = _RopeChunk(
+                self.net.rope_per_layer(torch.arange(index * _ROPE_CHUNK, (index + 1) * _ROPE_CHUNK)))
+        return chunk
+
+
+_ROPE_CHUNK = 64  # positions per cached RoPE table
+_ROPE_CHUNKS_KEPT = 16  # tables kept: up to MAX_SEQS sequences, each near a chunk boundary
+
+
+class _RopeChunk:
+    """cos and sin (_ROPE_CHUNK, D) of a run of positions, once per distinct table of the model
+    (Gemma: local and global), and which table each layer uses."""
+
+    def __init__(self, per_layer: list[tuple[torch.Tensor, torch.Tensor]]):
+        index: dict[int, int] = {}
+        self.tables: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for pair in per_layer:
+            if id(pair) not in index:
+                index[id(pair)] = len(self.tables)
+                self.tables.append(tuple(t.reshape(_ROPE_CHUNK, -1).contiguous() for t in pair))
+        self.layer_table = [index[id(pair)] for pair in per_layer]
+        self.head_dim = self.tables[0][0].shape[1]
 
 
 def _describe_adapter(adapter, n_layers: int) -> tuple[ctypes.Array, list[int]] | None:
