@@ -3,6 +3,7 @@ own PyTorch layers on the same weights and the same native GEMVs: same logits, s
 every KV precision it stores, and for a batch of sequences of different lengths."""
 from __future__ import annotations
 
+import ctypes
 from contextlib import contextmanager
 
 import pytest
@@ -206,3 +207,24 @@ def test_a_prompt_chunk_beside_decode_rows_matches_the_prompt_path(name, request
             assert (after_native - after_plain).abs().max() < 2e-2 * after_plain.abs().max()
         for seq in (other, native, plain):
             seq.release()
+
+
+def _floats_at(address: int, count: int) -> torch.Tensor:
+    return torch.tensor((ctypes.c_float * count).from_address(address)[:])
+
+
+@pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
+def test_rope_rows_from_cached_tables_are_each_positions_angles(name, request):
+    """The decode step reads RoPE rows from tables cached per 64 positions: for one row or several
+    in different tables, every layer gets its own table's (cos, sin) of each row's position."""
+    with edgellm.load(request.getfixturevalue(name)) as model:
+        net = model.net
+        for positions in ([0], [63], [64], [700], [5, 63, 64, 700]):
+            cos, sin, _keep = net.decoder._ropes(positions)
+            expected = net.rope_per_layer(torch.tensor(positions))
+            for layer, (want_cos, want_sin) in enumerate(expected):
+                d = want_cos.shape[-1]
+                got_cos = _floats_at(cos[layer], len(positions) * d).view(len(positions), d)
+                got_sin = _floats_at(sin[layer], len(positions) * d).view(len(positions), d)
+                torch.testing.assert_close(got_cos, want_cos.reshape(len(positions), d), rtol=0, atol=1e-6)
+                torch.testing.assert_close(got_sin, want_sin.reshape(len(positions), d), rtol=0, atol=1e-6)
