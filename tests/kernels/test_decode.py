@@ -228,3 +228,14 @@ def test_rope_rows_from_cached_tables_are_each_positions_angles(name, request):
                 got_sin = _floats_at(sin[layer], len(positions) * d).view(len(positions), d)
                 torch.testing.assert_close(got_cos, want_cos.reshape(len(positions), d), rtol=0, atol=1e-6)
                 torch.testing.assert_close(got_sin, want_sin.reshape(len(positions), d), rtol=0, atol=1e-6)
+
+
+def test_a_token_outside_the_vocabulary_is_an_index_error_not_a_wild_read(smollm2_path):
+    """The native step reads embedding rows by address: an id past the table is refused as the
+    table itself refuses it (IndexError), and the sequence can go on."""
+    with edgellm.load(smollm2_path) as model, torch.inference_mode():
+        seq, token = _prefilled(model, "Once upon a time")
+        seq.prepare(1)
+        with pytest.raises(IndexError):
+            model.net.decoder.step_rows([(seq.layers, [model.net.embed.num_embeddings + 5])])
+        assert model.net.decoder.step_rows([(seq.layers, [token])]).shape[0] == 1

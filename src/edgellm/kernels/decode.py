@@ -228,7 +228,8 @@ class FusedDecoder:
         """The rows' embeddings (m, hidden) fp32, scaled: GGUF rows dequantized in C, straight from
         the table (the eager dequantization took ~0.1 ms a step)."""
         table = self.net.embed
-        if isinstance(table, BlockEmbedding) and table.ggml_type in BLOCK_TYPES and table.ggml_type != I8:
+        if isinstance(table, BlockEmbedding) and table.ggml_type in BLOCK_TYPES and table.ggml_type != I8 \
+                and all(0 <= t < table.num_embeddings for t in tokens):  # else the table's own IndexError
             x = torch.empty(len(tokens), table.dim)
             row_bytes, base, out = table.rows.stride(0), table.rows.data_ptr(), x.data_ptr()
             for i, t in enumerate(tokens):
