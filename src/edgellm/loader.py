@@ -36,7 +36,7 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     try:
         draft_kv = None
         if memory_budget is not None:
-            memory_budget = _budget_beside_adapters(memory_budget, lora or {})
+            memory_budget = _budget_beside_adapters(memory_budget, lora or {}, mode)
             if draft is not None and not isinstance(draft, Model):
                 memory_budget, draft_kv = _budget_beside_draft(source, memory_budget, context_length, draft)
             context_length, kv = _fit_budget(source, memory_budget, context_length, kv)
@@ -60,14 +60,14 @@ def _load_adapter(model: Model, name: str, where, charge: bool) -> None:
     model.load_adapter(path, name, scale, charge)
 
 
-def _budget_beside_adapters(budget, lora: dict) -> int:
+def _budget_beside_adapters(budget, lora: dict, mode: str) -> int:
     """The budget left once the adapters are resident (OutOfMemoryBudget if they take it all)."""
     from edgellm.errors import OutOfMemoryBudget
     from edgellm.lora.adapter import resident_bytes
     from edgellm.planner import parse_bytes
 
     total = parse_bytes(budget)
-    adapters = sum(resident_bytes(w if isinstance(w, (str, Path)) else w[0]) for w in lora.values())
+    adapters = sum(resident_bytes(w if isinstance(w, (str, Path)) else w[0], mode) for w in lora.values())
     if adapters >= total:
         raise OutOfMemoryBudget(adapters, total, "the LoRA adapters")
     return total - adapters

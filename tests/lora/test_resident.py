@@ -127,6 +127,17 @@ def test_the_planner_pays_for_resident_adapters_first(smollm2_path, adapters, ca
         assert sum(a.nbytes for a in budgeted.adapters) == resident
 
 
+def test_the_planner_counts_an_exact_mode_adapter_in_fp32(model, adapters):
+    """Exact mode holds adapters in fp32 (4 bytes an element), fast mode in int8: what the planner
+    reserves before loading matches what each mode then holds."""
+    from edgellm.lora.adapter import load_adapter, resident_bytes
+
+    for path in adapters.values():
+        held = load_adapter(path, model.config, "x", 1.0, torch.float32).nbytes
+        assert resident_bytes(path, "exact") == held
+        assert resident_bytes(path, "fast") < held / 3
+
+
 def test_label_scores_run_under_the_adapter_asked_for(model):
     ids = model.chat_ids([{"role": "user", "content": "Is the sea blue? Answer yes or no."}])
     labels = [model.tokenizer.encode(x, add_special_tokens=False) for x in ("yes", "no")]
@@ -151,6 +162,24 @@ def test_an_adapter_loaded_under_a_memory_budget_comes_off_the_kv_budget(smollm2
             model.load_adapter(adapters["polish"], "polish")
         with pytest.raises(ModelNotFound):  # refused: not resident
             model.generation([1, 2, 3], adapter="polish")
+
+
+def test_replacing_an_adapter_under_a_full_budget_charges_only_the_difference(smollm2_path, adapters):
+    """A resident adapter replaced by one of the same size needs no new room: its successor takes
+    over its bytes (lending the new one first would refuse a swap that fits)."""
+    from edgellm.errors import OutOfMemoryBudget
+
+    with edgellm.load(smollm2_path, memory_budget="600MB") as model:
+        first = model.load_adapter(adapters["polish"], "tone")
+        model.kv.pool.budget_bytes -= model.kv.pool.available_bytes()  # running requests hold all the rest
+        second = model.load_adapter(adapters["polish"], "tone")
+        assert model.adapters.get("tone") is second is not first
+        assert model.kv.pool.available_bytes() == 0
+        with pytest.raises(OutOfMemoryBudget):  # a new name still needs its own room
+            model.load_adapter(adapters["polish"], "other")
+        assert model.adapters.get("tone") is second
+        model.unload_adapter("tone")
+        assert model.kv.pool.available_bytes() == second.nbytes
 
 
 def test_self_speculation_under_an_adapter_drafts_under_it_and_keeps_plain_tokens(model):

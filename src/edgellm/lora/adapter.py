@@ -159,10 +159,10 @@ def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: 
     return Adapter(name or path.stem, path, rank, s, pairs, widths, _digest(pairs, s))
 
 
-def resident_bytes(path: str | Path) -> int:
-    """What the adapter at `path` takes once resident in fast mode (int8 pairs: a byte an
-    element and an fp32 scale per rank row), from its file's header alone: for the planner,
-    before anything loads."""
+def resident_bytes(path: str | Path, mode: str = "fast") -> int:
+    """What the adapter at `path` takes once resident — fast mode: int8 pairs, a byte an element
+    and an fp32 scale per rank row; exact mode: fp32 — from its file's header alone: for the
+    planner, before anything loads."""
     path = Path(path)
     if path.is_dir():
         from safetensors import safe_open
@@ -179,6 +179,8 @@ def resident_bytes(path: str | Path) -> int:
             shapes = [info.shape for info in gguf.tensors.values()]
     else:
         raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
+    if mode == "exact":
+        return sum(4 * math.prod(shape) for shape in shapes)
     return sum(math.prod(shape) + 4 * min(shape) for shape in shapes)  # the rank is the small side
 
 

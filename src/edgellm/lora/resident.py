@@ -36,9 +36,10 @@ class AdapterSet:
         adapter = load_adapter(path, self.config, name, scale, self.dtype)  # outside the lock: may take a while
         with self._lock:
             lent = adapter.nbytes if charge and self.kv is not None else 0
-            if lent:
-                self.kv.lend(lent, f"the LoRA adapter {name!r}")
-            self._give_back(self._charged.pop(name, 0))
+            held = self._charged.get(name, 0)  # a replaced adapter's bytes pay for its successor first
+            if lent > held:
+                self.kv.lend(lent - held, f"the LoRA adapter {name!r}")  # refused: the old one stays
+            self._give_back(held - lent if held > lent else 0)
             self._by_name[name] = adapter
             self._charged[name] = lent
         return adapter
