@@ -59,7 +59,8 @@ static inline w32 small_block(const uint8_t *b, int type) {
 
 /* A small block's weights in the dot product's form (Q5_0 has its own, cheaper path). */
 static inline wide32 small_wide(const uint8_t *b, int type) {
-    return type == BLOCK_Q5_0 ? q5_0_wide(b) : widen(small_block(b, type));
+    if (type == BLOCK_Q5_0) return q5_0_wide(b);
+    return widen_at((const int8_t *)(type == BLOCK_Q8_0 ? b + 2 : b));
 }
 
 /* A small block's scale d (I8: 1, its row's scale is applied by the caller). */

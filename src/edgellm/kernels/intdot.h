@@ -221,6 +221,19 @@ typedef w32 wide32;
 static inline wide32 widen(w32 w) { return w; }
 #endif
 
+/* 32 int8 weights at p, in the dot product's form: AVX2 widens each half straight from memory
+   (a 32-byte load, an extract and two widenings took twice the instructions: Q8_0 blocks are
+   instruction-bound on 2 cores when the VM runs slow) */
+static inline wide32 widen_at(const int8_t *p) {
+#if EDGELLM_AVX2
+    wide32 v = {_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)))};
+    return v;
+#else
+    return widen(w32_load(p));
+#endif
+}
+
 /* The 32 weights of a Q5_0 block (fp16 d, 32 fifth bits qh, 16 bytes of nibbles) as q - 16, in the
    dot product's form: AVX-512 subtracts 16 under the inverted bit mask, AVX2 builds the int16
    halves directly (one widening instead of two, no byte shuffle). */
