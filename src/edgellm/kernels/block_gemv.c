@@ -144,13 +144,17 @@ ALWAYS_INLINE void small_row_dots(const uint8_t *row, int type, int64_t k, int m
     for (int i = 0; i < m; i++) acc[i] = _mm_setzero_ps();
     for (; b + 3 < nblocks; b += 4) {
         wide32 w[4];
-        uint16_t d[4] = {0x3C00, 0x3C00, 0x3C00, 0x3C00};  /* fp16 1.0: I8 scales come per row */
+        __m128i d = _mm_set1_epi16(0x3C00);  /* fp16 1.0: I8 scales come per row */
         for (int j = 0; j < 4; j++) {
             const uint8_t *blk = row + (b + j) * bb;
             w[j] = small_wide(blk, type);
-            if (type != BLOCK_I8) memcpy(&d[j], blk, 2);
+            if (type != BLOCK_I8) {  /* into the register: four 2-byte stores read back as one load stall */
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                d = _mm_insert_epi16(d, h, j);
+            }
         }
-        __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d));
+        __m128 dw = _mm_cvtph_ps(d);
         for (int i = 0; i < m; i++)
             acc[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(four_block_sums(w, &act[i], b)),
                                   _mm_mul_ps(dw, _mm_loadu_ps(act[i].dx + b)), acc[i]);
