@@ -30,7 +30,6 @@ class Reference:
     def __init__(self, path: Path):
         import transformers
 
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 

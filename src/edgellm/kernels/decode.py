@@ -146,7 +146,8 @@ class FusedDecoder:
         cfg, self.net, self.lib = net.config, net, kernels.library()
         self._keep: list = []
         self.layers = [self._describe(block, cfg, max_len) for block in net.blocks]
-        self.run_layer = _p(ctypes.cast(getattr(self.lib, net.native_layer), _p).value)  # edgellm_decoder_layers calls it
+        # the architecture's layer function, which edgellm_decoder_layers calls for every layer
+        self.run_layer = _p(ctypes.cast(getattr(self.lib, net.native_layer), _p).value)
         self.run_layers = self.lib.edgellm_decoder_layers
         self.run_layers.restype = None
         self._layer_addresses = (_p * len(self.layers))(*(ctypes.addressof(desc) for desc in self.layers))
@@ -213,7 +214,8 @@ class FusedDecoder:
         positions = (_i64 * m)(*(p for _, p, _ in rows))
         n = len(self.layers)
         slots = (_KVSlots * (n * m))(*(self._slots(layers[i]) for i in range(n) for layers, _, _ in rows))
-        adapted = None if lora is None else (_p * (n * m))(*(None if a is None else a[i] for i in range(n) for a in lora))
+        adapted = None if lora is None else \
+            (_p * (n * m))(*(None if a is None else a[i] for i in range(n) for a in lora))
         with kernels.profiled("edgellm::decode_layers"):
             self.run_layers(self.run_layer, self._layer_addresses, n, _p(x.data_ptr()), m, cos, sin, slots, positions,
                             _p(self.buf.data_ptr()), _p(self.work.data_ptr()), torch.get_num_threads(), adapted)
