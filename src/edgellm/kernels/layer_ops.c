@@ -1,5 +1,6 @@
-/* The exported size of a layer's scratch buffer (layer_buffers in layer_ops.h), and the KV encoder
-   the decode layers use, for tests. */
+/* The exported size of a layer's scratch buffer (layer_buffers in layer_ops.h), the KV encoder
+   the decode layers use (for tests), and edgellm_decoder_layers: a whole decode step's layers in
+   one call. */
 #include "layer_ops.h"
 
 int64_t edgellm_layer_floats(const LayerDims *D, int m) {
