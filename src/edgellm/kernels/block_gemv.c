@@ -38,11 +38,13 @@ static inline int64_t row_bytes(int type, int64_t k) {
     }
 }
 
-static inline float half_at(const uint8_t *p) {
+static inline uint16_t half_bits(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return f16_to_f32(h);
+    return h;
 }
+
+static inline float half_at(const uint8_t *p) { return f16_to_f32(half_bits(p)); }
 
 /* Blocks of 32 weights: bytes per block, and the block's scale (I8 rows: 1, the row's scale comes last). */
 static inline int64_t small_bytes(int type) { return type == BLOCK_Q8_0 ? 34 : (type == BLOCK_Q5_0 ? 22 : 32); }
@@ -143,16 +145,15 @@ ALWAYS_INLINE void small_row_dots(const uint8_t *row, int type, int64_t k, int m
     __m128 acc[MAX_M];
     for (int i = 0; i < m; i++) acc[i] = _mm_setzero_ps();
     for (; b + 3 < nblocks; b += 4) {
+        const uint8_t *blk = row + b * bb;
         wide32 w[4];
+        for (int j = 0; j < 4; j++) w[j] = small_wide(blk + j * bb, type);
         __m128i d = _mm_set1_epi16(0x3C00);  /* fp16 1.0: I8 scales come per row */
-        for (int j = 0; j < 4; j++) {
-            const uint8_t *blk = row + (b + j) * bb;
-            w[j] = small_wide(blk, type);
-            if (type != BLOCK_I8) {  /* into the register: four 2-byte stores read back as one load stall */
-                uint16_t h;
-                memcpy(&h, blk, 2);
-                d = _mm_insert_epi16(d, h, j);
-            }
+        if (type != BLOCK_I8) {  /* built in the register: four 2-byte stores read back as one load stall */
+            d = _mm_insert_epi16(d, half_bits(blk), 0);  /* constant lanes: clang takes no loop index here */
+            d = _mm_insert_epi16(d, half_bits(blk + bb), 1);
+            d = _mm_insert_epi16(d, half_bits(blk + 2 * bb), 2);
+            d = _mm_insert_epi16(d, half_bits(blk + 3 * bb), 3);
         }
         __m128 dw = _mm_cvtph_ps(d);
         for (int i = 0; i < m; i++)
