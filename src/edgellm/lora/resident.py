@@ -39,7 +39,7 @@ class AdapterSet:
             held = self._charged.get(name, 0)  # a replaced adapter's bytes pay for its successor first
             if lent > held:
                 self.kv.lend(lent - held, f"the LoRA adapter {name!r}")  # refused: the old one stays
-            self._give_back(held - lent if held > lent else 0)
+            self._give_back(max(held - lent, 0))
             self._by_name[name] = adapter
             self._charged[name] = lent
         return adapter
