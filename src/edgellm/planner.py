@@ -14,7 +14,7 @@ from edgellm.errors import InvalidRequest
 from edgellm.formats.gguf import GGUFFile
 from edgellm.kv.config import KVConfig, fixed_kv_bytes, kv_bytes_per_token
 from edgellm.models import layer_specs
-from edgellm.quant.ggml import AFFINE_BITS, INT4_TYPES
+from edgellm.quant.ggml import AFFINE_BITS, INT4_TYPES, GGMLType
 
 RUNTIME_BASELINE = 240 * 2**20  # Python + torch, measured 232 MB here (`edgellm bench` reports it)
 MARGIN = 0.10  # of the budget, for allocator slack and what estimates miss
@@ -37,15 +37,15 @@ def parse_bytes(text: str | int) -> int:
 def weight_bytes(source: GGUFFile) -> int:
     """Resident bytes of the weights as edgellm holds them in fast mode (see quant/linear.py):
     4-bit formats packed, Q8_0 / Q5_0 / Q6_K read in place from the file (quant/blocks.py, all their
-    pages resident), other 5-8-bit ones as two planes, others bf16; the embedding stays mapped."""
-    from edgellm.quant.blocks import BlockLinear
+    pages resident; Q5_0 widened to Q8_0 on AVX2), other 5-8-bit ones as two planes, others bf16; the embedding stays mapped."""
+    from edgellm.quant.blocks import BlockLinear, widens_q5_0
 
     total, head = 0, "output.weight" if "output.weight" in source.tensors else "token_embd.weight"
     for name, t in source.tensors.items():
         if name == "token_embd.weight" and head != name:
             continue  # looked up row by row from the mapping
         if BlockLinear.supports(t.ggml_type, t.shape):
-            total += t.nbytes
+            total += t.nbytes * 34 // 22 if t.ggml_type == GGMLType.Q5_0 and widens_q5_0() else t.nbytes
             continue
         if len(t.shape) == 1:
             total += t.n_elements * 4

@@ -87,6 +87,13 @@ def test_block_gemv_matches_the_reference_decoder(lib, scalar, fmt, m):
     assert _close(ours, kernels.block_gemv(x.float(), rows, GGMLType[fmt], 512, lib=scalar), TO_SCALAR)
 
 
+def test_q5_0_widened_to_q8_0_by_every_variant_holds_the_same_weights(lib, scalar):
+    rows, w = _blocks("Q5_0", 40, 256, seed=11)
+    wide = kernels.q5_0_as_q8_0(rows, lib=lib)
+    assert torch.equal(wide, kernels.q5_0_as_q8_0(rows, lib=scalar))
+    assert torch.equal(torch.tensor(reference.decode("Q8_0", bytes(wide.flatten().numpy())), dtype=torch.float64).view(40, 256), w)
+
+
 @pytest.mark.parametrize("m", [1, 4])
 def test_int8_rows_with_their_scales(lib, scalar, m):
     g = torch.Generator().manual_seed(m)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from edgellm import kernels
-from edgellm.quant.blocks import BlockLinear
+from edgellm.quant.blocks import BlockLinear, widens_q5_0
 from edgellm.quant.ggml import GGMLType
 
 from . import reference
@@ -62,4 +62,20 @@ def test_gemma_projections_are_read_in_place(gemma3_path):
         assert isinstance(block.mlp.gate_up_proj, BlockLinear)  # Q5_0
         assert isinstance(block.mlp.down_proj, BlockLinear)  # Q6_K
         assert isinstance(model.net.lm_head, BlockLinear)  # the tied Q8_0 embedding
-        assert block.attn.qkv_proj.nbytes == sum(model.source.tensors[f"blk.0.attn_{p}.weight"].nbytes for p in "qkv")
+        tensors = [model.source.tensors[f"blk.0.attn_{p}.weight"] for p in "qkv"]
+        widened = widens_q5_0()
+        assert block.attn.qkv_proj.types == [GGMLType.Q8_0 if widened else GGMLType.Q5_0] * 2 + [GGMLType.Q8_0]
+        # what the planner counts for them (planner.weight_bytes)
+        assert block.attn.qkv_proj.nbytes == sum(t.nbytes * 34 // 22 if widened and t.ggml_type == GGMLType.Q5_0
+                                                 else t.nbytes for t in tensors)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_q5_0_widened_to_q8_0_holds_the_same_weights_and_gives_the_same_products(m):
+    rows, w = _weight("Q5_0", 48, 512, seed=7)
+    wide = kernels.q5_0_as_q8_0(rows)
+    assert wide.shape == (48, 512 // 32 * 34)
+    assert torch.equal(torch.tensor(reference.decode("Q8_0", bytes(wide.flatten().numpy())), dtype=torch.float64).view(48, 512), w)
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
+    # the same int16 weights meet the same activations in the same order: bit for bit
+    assert torch.equal(kernels.block_gemv(x, wide, GGMLType.Q8_0, 512), kernels.block_gemv(x, rows, GGMLType.Q5_0, 512))

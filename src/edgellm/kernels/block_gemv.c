@@ -254,6 +254,15 @@ void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks,
     }
 }
 
+/* dst: nblocks Q8_0 blocks holding exactly the weights of src's Q5_0 blocks (q - 16 fits int8):
+   where the fifth bits cost more to unpack than the wider blocks cost to read (quant/blocks.py). */
+void edgellm_q5_0_to_q8_0(const uint8_t *src, int64_t nblocks, uint8_t *dst) {
+    for (int64_t b = 0; b < nblocks; b++) {
+        memcpy(dst + b * 34, src + b * 22, 2);
+        w32_store((int8_t *)(dst + b * 34 + 2), small_block(src + b * 22, BLOCK_Q5_0));
+    }
+}
+
 /* 32 weights w * s0 (first 16) / s1 (last 16) - offset, stored as `dtype` at dst. */
 static inline void store_chunk(w32 w, float s0, float s1, float offset, void *dst, int64_t at, int dtype) {
     int8_t q[32];

@@ -63,3 +63,12 @@ def block_gemv(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, k: int, row_
                                None if row_scale is None else row_scale.data_ptr(), y.data_ptr(), n, work.data_ptr(),
                                torch.get_num_threads())
     return y
+
+
+def q5_0_as_q8_0(rows: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Q5_0 rows (N, K / 32 * 22) uint8 as Q8_0 rows (N, K / 32 * 34) of exactly the same weights."""
+    lib = lib or library()
+    rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], rows.shape[1] // 22 * 34, dtype=torch.uint8)
+    lib.edgellm_q5_0_to_q8_0(rows.data_ptr(), rows.numel() // 22, out.data_ptr())
+    return out

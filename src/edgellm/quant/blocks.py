@@ -7,7 +7,8 @@ evaluation) dequantize up to kernels.SCRATCH_ROWS rows at a time into a scratch 
 dtype and run PyTorch's GEMM. Used for the tied embedding / output head of both models (Gemma 3:
 262k x 640, read by the embedding lookup from the same bytes) and for Gemma 3's Q5_0 / Q8_0 / Q6_K
 projections, which as two INT4 planes would read 10 bits per weight instead of 5.5 or 8.5, and as
-bf16 (Q6_K) 16 instead of 6.6."""
+bf16 (Q6_K) 16 instead of 6.6. One exception, on the AVX2 kernels: Q5_0 blocks are held as Q8_0
+blocks of the same values (widens_q5_0)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -24,8 +25,17 @@ BLOCKS = {GGMLType.Q8_0: (32, 34), GGMLType.Q5_0: (32, 22), GGMLType.Q5_K: (256,
           GGMLType.I8: (32, 32)}
 
 
+def widens_q5_0() -> bool:
+    """Whether Q5_0 weights are held as Q8_0 blocks (kernels.q5_0_as_q8_0: the same values, 34 bytes a block
+    instead of 22). On the AVX2 kernels unpacking the fifth bits costs more than reading the wider
+    blocks: a Q5_0 GEMV streams ~7.5 GB/s where Q8_0 streams ~20 (Zen 3, 2 threads), and Gemma 3
+    decodes 3-8 % faster for 22 MB more (docs/performance.md). AVX-512 unpacks them under a mask
+    at no cost; NEON is not measured."""
+    return kernels.available() and kernels.selected().name == "avx2"
+
+
 class BlockPart(NamedTuple):
-    rows: torch.Tensor  # (N, row bytes) uint8: views of the file
+    rows: torch.Tensor  # (N, row bytes) uint8: views of the file (widened Q5_0: a copy)
     type: int  # ggml type number
     scale: torch.Tensor | None  # I8 only: (N,) bf16 per-row scales
 
@@ -36,7 +46,10 @@ class BlockLinear(nn.Module):
     def __init__(self, parts: Sequence[tuple[torch.Tensor, int, tuple[int, int]]]):
         super().__init__()
         k = parts[0][2][1]
-        self._set_parts(k, [BlockPart(raw.view(n, k // BLOCKS[t][0] * BLOCKS[t][1]), int(t), None)
+        widen = widens_q5_0()
+        self._set_parts(k, [BlockPart(kernels.q5_0_as_q8_0(raw.view(n, k // 32 * 22)), int(GGMLType.Q8_0), None)
+                            if widen and t == GGMLType.Q5_0 else
+                            BlockPart(raw.view(n, k // BLOCKS[t][0] * BLOCKS[t][1]), int(t), None)
                             for raw, t, (n, _) in parts])
 
     @classmethod
