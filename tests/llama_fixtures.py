@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,15 @@ def models_dir() -> Path:
     if not (root / "complete").exists():
         _unpack(_sdist(), root / "models", _MODELS, _is_model_fixture, root / "complete")
     return root / "models"
+
+
+@lru_cache(maxsize=None)
+def transformers_tokenizer(name: str):
+    """transformers' rebuild of the tokenizer in `ggml-vocab-{name}.gguf` (~20 s for a 150k-token
+    vocabulary): built once a session for every module that compares with it or saves it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(models_dir()), gguf_file=f"ggml-vocab-{name}.gguf")
 
 
 def converter_script() -> Path:

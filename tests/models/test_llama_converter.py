@@ -17,7 +17,7 @@ from edgellm.formats.gguf import open_gguf
 from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
 from edgellm.tokenizer import Tokenizer
-from tests.llama_fixtures import converter_script, models_dir, vocab_cases
+from tests.llama_fixtures import converter_script, models_dir, transformers_tokenizer, vocab_cases
 from tests.tiny import hf_model, random_weights
 
 # architecture -> the real tokenizer its tiny model gets (byte-level BPE ones are recognised by
@@ -50,9 +50,7 @@ def _save_bpe_tokenizer(folder: Path, name: str, metadata: dict) -> None:
     """transformers' rebuild of the GGUF tokenizer, mended where it differs from the original
     (the converter recognises a tokenizer by the ids it gives): Llama 3's tokenizer.json sets
     ignore_merges and prepends BOS, and no added token lies beyond the vocabulary."""
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(str(models_dir()), gguf_file=_vocab_gguf(name).name).save_pretrained(folder)
+    transformers_tokenizer(name).save_pretrained(folder)
     vocab_size = len(metadata["tokenizer.ggml.tokens"])
     spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     spec["model"]["ignore_merges"] = name == "llama-bpe"

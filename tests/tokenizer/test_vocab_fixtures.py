@@ -10,7 +10,7 @@ import pytest
 from edgellm.errors import TokenizerError
 from edgellm.formats.gguf import open_gguf
 from edgellm.tokenizer import Tokenizer
-from tests.llama_fixtures import models_dir, vocab_cases
+from tests.llama_fixtures import models_dir, transformers_tokenizer, vocab_cases
 
 BYTE_LEVEL = ["llama-bpe", "qwen2", "qwen35", "gpt-2", "starcoder", "refact", "command-r", "falcon", "deepseek-coder"]
 SENTENCEPIECE = ["llama-spm", "phi-3"]
@@ -52,9 +52,7 @@ CORPUS = ["Hello world", "  leading spaces\tand tabs\n\nnew lines", "数字 1234
 def test_ids_equal_transformers_on_a_multilingual_corpus(name):
     # transformers rebuilds its tokenizer from the same GGUF; for llama-spm its rebuild differs
     # from the original Llama 2 tokenizer on space runs (the fixture's ids are the original's)
-    from transformers import AutoTokenizer
-
-    reference = AutoTokenizer.from_pretrained(str(models_dir()), gguf_file=f"ggml-vocab-{name}.gguf")
+    reference = transformers_tokenizer(name)
     ours = _tokenizer(name)
     for text in CORPUS:
         assert ours.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False), text

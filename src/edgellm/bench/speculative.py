@@ -41,15 +41,22 @@ def speculative_report(model: str, gen_tokens: int = 128, repeat: int = 3,
 
 
 def _compare(model, kind: str, conversations: list, gen_tokens: int, repeat: int, progress) -> dict:
-    """Plain and speculative decoding of each conversation, taking turns, `repeat` times; per
+    """Plain and speculative decoding of each conversation, taking turns (in alternating order),
+    `repeat` times; per
     conversation the median tok/s of each and their ratio, and the geometric mean of the ratios."""
     runs = [{"plain": [], kind: []} for _ in conversations]
     drafted = accepted = passes = tokens = 0
     same = True
-    for _ in range(repeat):
+    for round_ in range(repeat):
         for conversation, speeds in zip(conversations, runs):
-            plain = model.chat(conversation, max_tokens=gen_tokens, speculative="off")
-            fast = model.chat(conversation, max_tokens=gen_tokens, speculative=kind)
+            # which goes first alternates: on a VM whose speed drifts within seconds, always
+            # measuring plain first leaned every ratio one way
+            if round_ % 2 == 0:
+                plain = model.chat(conversation, max_tokens=gen_tokens, speculative="off")
+                fast = model.chat(conversation, max_tokens=gen_tokens, speculative=kind)
+            else:
+                fast = model.chat(conversation, max_tokens=gen_tokens, speculative=kind)
+                plain = model.chat(conversation, max_tokens=gen_tokens, speculative="off")
             same &= fast.token_ids == plain.token_ids
             speeds["plain"].append(plain.timings.decode_tokens_per_s)
             speeds[kind].append(fast.timings.decode_tokens_per_s)

@@ -53,8 +53,9 @@ class AdaptiveSpeculation:
     and one more row), and the chance a guess is kept. With k guesses kept each with chance a
     in a row, a pass yields 1 + a + ... + a^k tokens; k maximizes tokens per second, and while
     no k beats plain decoding, decoding stays plain for `retry_every` steps, then speculation
-    is measured afresh (acceptance changes with the text); each failed retry doubles the wait
-    (a draft model's catching up is not free), up to `max_wait`."""
+    is measured afresh with one guess a pass (acceptance changes with the text); each failed
+    retry doubles the wait (a draft model's catching up is not free), up to `max_wait`, which a
+    guess costing a whole step gets at once."""
 
     def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, max_wait: int = 512,
                  known: SpeculationCosts | None = None):
@@ -65,8 +66,11 @@ class AdaptiveSpeculation:
         self.guess_s = known.guess_s  # extra seconds per guess in a checked pass
         self.kept = self.tried = 0.0  # guesses kept / guesses the target looked at (decayed)
         self.plain_left = 0 if known.plain_s is not None else 1  # a plain step first: the yardstick
-        if known.never_pays:  # earlier generations found it so: plain, retried only after the longest wait
-            self.plain_left, self.wait = max_wait, max_wait
+        if known.never_pays:
+            # earlier generations judged that no guess pays: plain for a while, then a cheap check
+            # (one guess a pass) with the guess's cost measured afresh. A judgement made in one
+            # unlucky moment (a VM's stall in a checked pass) must not keep a process plain for good.
+            self.plain_left, self.k, self.guess_s = retry_every, 1, None
         self.fresh = True  # the next checked pass starts a streak (a draft model catches up then)
         self.checks = 0  # checked passes in this streak: a pause needs a few (one unlucky check is noise)
 
@@ -103,7 +107,7 @@ class AdaptiveSpeculation:
             if self.guess_s >= self.plain_s:  # nor can any acceptance: a guess costs a whole step
                 self.wait = self.max_wait
             self.plain_left, self.fresh, self.kept, self.tried, self.checks = self.wait, True, 0.0, 0.0, 0
-            self.wait = min(2 * self.wait, self.max_wait)
+            self.wait, self.k = min(2 * self.wait, self.max_wait), 1  # the retry: one guess a pass
 
 
 def _mean(old: float | None, new: float) -> float:
