@@ -43,17 +43,23 @@ def test_the_policy_picks_the_draft_length_that_maximizes_tokens_per_second():
     assert policy.draft_length() == 0  # plain decoding for a while
 
 
-def test_a_verdict_that_no_guess_pays_is_checked_again_cheaply_by_the_next_generation():
+def test_a_draft_model_whose_guess_costs_a_whole_step_is_not_retried_soon():
     costs = SpeculationCosts(plain_s=0.010, guess_s=0.012)
     assert costs.never_pays
-    policy = AdaptiveSpeculation(known=costs, retry_every=32, max_wait=512)
+    policy = AdaptiveSpeculation(known=costs, max_wait=512)
+    assert all(policy.draft_length() == 0 for _ in range(512)) and policy.draft_length() > 0
+
+
+def test_a_verdict_that_free_guesses_do_not_pay_is_checked_again_cheaply_by_the_next_generation():
+    costs = SpeculationCosts(plain_s=0.010, guess_s=0.012)
+    policy = AdaptiveSpeculation(known=costs, retry_every=32, max_wait=512, free_guesses=True)
     assert all(policy.draft_length() == 0 for _ in range(32)) and policy.draft_length() == 1  # one guess a pass
     for _ in range(JUDGE_AFTER):  # a guess that does cost a whole step: plain for the longest wait
         policy.record_check(0.010 + 0.012, 1, 0)
     assert all(policy.draft_length() == 0 for _ in range(512)) and policy.draft_length() == 1
 
     # the verdict came from an unlucky moment: guesses cost 4 ms and are kept, so longer drafts follow
-    policy = AdaptiveSpeculation(known=costs, retry_every=32)
+    policy = AdaptiveSpeculation(known=costs, retry_every=32, free_guesses=True)
     assert all(policy.draft_length() == 0 for _ in range(32))
     for _ in range(JUDGE_AFTER):
         policy.record_check(0.010 + 0.004, 1, 1)

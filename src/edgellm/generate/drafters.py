@@ -22,6 +22,9 @@ from edgellm.kv import KVManager, SequenceKV
 
 class Drafter(Protocol):
     name: str
+    # guesses cost nothing to make (no model runs for them): a check costs only its rows, so a
+    # verdict that guesses do not pay is worth checking again (AdaptiveSpeculation)
+    free_guesses: bool
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         """Up to k guessed next tokens after `context`, and the probabilities they were drawn
@@ -40,6 +43,7 @@ class PromptLookup:
     history; another list starts the index afresh."""
 
     name = "lookup"
+    free_guesses = True
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -76,6 +80,7 @@ class DraftModel:
     forgets them again (the target decides which stay)."""
 
     name = "draft"
+    free_guesses = False  # each guess is a step of the draft, and a streak starts with its catching up
 
     def __init__(self, net, kv: KVManager, sampler: Sampler | None = None, name: str = "draft"):
         self.net, self.kv, self.sampler, self.name = net, kv, sampler, name
@@ -138,6 +143,7 @@ class GrammarForced:
     def __init__(self, grammar, then: Drafter | None = None):
         self.grammar, self.then = grammar, then
         self.name = "grammar" if then is None else f"grammar+{then.name}"
+        self.free_guesses = then is None or then.free_guesses
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
         forced = self.grammar.forced()[:k]
@@ -155,7 +161,7 @@ class NoDraft:
     measured it would not pay)."""
 
     def __init__(self, name: str):
-        self.name = name
+        self.name, self.free_guesses = name, True
 
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], None]:
         return [], None

@@ -55,10 +55,11 @@ class AdaptiveSpeculation:
     no k beats plain decoding, decoding stays plain for `retry_every` steps, then speculation
     is measured afresh with one guess a pass (acceptance changes with the text); each failed
     retry doubles the wait (a draft model's catching up is not free), up to `max_wait`, which a
-    guess costing a whole step gets at once."""
+    guess costing a whole step gets at once — and keeps in later generations, unless guesses
+    are free to make (prompt lookup), whose verdicts later generations check again."""
 
     def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, max_wait: int = 512,
-                 known: SpeculationCosts | None = None):
+                 known: SpeculationCosts | None = None, free_guesses: bool = False):
         self.max_draft, self.k, self.retry_every, self.max_wait = max_draft, min(start, max_draft), retry_every, max_wait
         self.wait = retry_every
         known = known or SpeculationCosts()
@@ -66,11 +67,14 @@ class AdaptiveSpeculation:
         self.guess_s = known.guess_s  # extra seconds per guess in a checked pass
         self.kept = self.tried = 0.0  # guesses kept / guesses the target looked at (decayed)
         self.plain_left = 0 if known.plain_s is not None else 1  # a plain step first: the yardstick
-        if known.never_pays:
-            # earlier generations judged that no guess pays: plain for a while, then a cheap check
-            # (one guess a pass) with the guess's cost measured afresh. A judgement made in one
-            # unlucky moment (a VM's stall in a checked pass) must not keep a process plain for good.
+        if known.never_pays and free_guesses:
+            # earlier generations judged that no guess pays, though guesses cost only their rows:
+            # plain for a while, then one guess a pass with its cost measured afresh. A judgement
+            # made in one unlucky moment (a VM's stall in a checked pass) must not keep a process
+            # plain for good.
             self.plain_left, self.k, self.guess_s = retry_every, 1, None
+        elif known.never_pays:  # a draft model's guess costs a step of it: retried only after the longest wait
+            self.plain_left, self.wait = max_wait, max_wait
         self.fresh = True  # the next checked pass starts a streak (a draft model catches up then)
         self.checks = 0  # checked passes in this streak: a pause needs a few (one unlucky check is noise)
 
@@ -176,7 +180,7 @@ class Speculator:
 
     def __init__(self, drafter: Drafter, costs: SpeculationCosts | None = None):
         self.drafter, self.stats, self.costs = drafter, SpeculationStats(), costs
-        self.policy = AdaptiveSpeculation(known=costs)
+        self.policy = AdaptiveSpeculation(known=costs, free_guesses=getattr(drafter, "free_guesses", False))
 
     def step(self, model, generation) -> list[GenerationEvent]:
         """A plain decode step or a verified draft; the events it releases."""
