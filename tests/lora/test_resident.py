@@ -65,6 +65,8 @@ def test_native_decode_under_an_adapter_agrees_with_the_exact_reference(model, s
 def test_a_batch_of_rows_under_different_adapters_decodes_as_each_alone(model):
     ids = model.chat_ids(PROMPT)
     choices = ["polish", None, "translate", "polish"]
+    for a in set(choices):  # each prompt's prefix cached first, so that alone and together start from it:
+        model.generate(ids, adapter=a, max_tokens=1)  # a whole prompt's GEMM (bf16 where native) and rows differ
     alone = [_greedy(model, model.generation(ids, adapter=a, max_tokens=24, ignore_eos=True), 24) for a in choices]
     together = [model.generation(ids, adapter=a, max_tokens=24, ignore_eos=True) for a in choices]
     with torch.inference_mode():
@@ -138,14 +140,22 @@ def test_the_planner_counts_an_exact_mode_adapter_in_fp32(model, adapters):
         assert resident_bytes(path, "fast") < held / 3
 
 
+def _gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
 def test_label_scores_run_under_the_adapter_asked_for(model):
+    """An adapter's scores from its own cached prefix match its uncached ones as closely as the
+    base model's do: a cached prompt's last tokens run as a few rows with int16 activations, a
+    whole prompt through the prompt GEMM, which is bf16 where the CPU has it (~0.03 apart then)."""
     ids = model.chat_ids([{"role": "user", "content": "Is the sea blue? Answer yes or no."}])
     labels = [model.tokenizer.encode(x, add_special_tokens=False) for x in ("yes", "no")]
     base = model.continuation_logprobs(ids, labels)
+    base_again = model.continuation_logprobs(ids, labels)  # the base's cached prefix
     adapted = model.continuation_logprobs(ids, labels, adapter="polish")
     again = model.continuation_logprobs(ids, labels, adapter="polish")  # from its own cached prefix this time
-    assert again == pytest.approx(adapted, abs=1e-2)
-    assert max(abs(a - b) for a, b in zip(adapted, base)) > 0.05
+    assert _gap(again, adapted) <= max(1e-2, 2 * _gap(base_again, base))
+    assert _gap(adapted, base) > 0.05
 
 
 def test_an_adapter_loaded_under_a_memory_budget_comes_off_the_kv_budget(smollm2_path, adapters):

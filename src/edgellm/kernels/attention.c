@@ -1,5 +1,5 @@
 /* Attention for a prompt chunk: T new queries over S cached keys. Scores and softmax in fp32;
-   P.V in bf16 where the CPU has AVX512-BF16 (else fp32).
+   P.V in bf16 where the CPU has AVX512-BF16 and the chunk has BF16_VALUE_QUERIES or more (else fp32).
 
    PyTorch's flash kernel runs ~80-100 GFLOP/s here on these head sizes, and a ring cache's
    boolean mask doubles its work; this kernel vectorizes across keys instead of within a dot
@@ -17,6 +17,11 @@
 #include "simd.h"
 
 #define ROWS 8 /* query rows per block */
+/* From this many queries on P.V may run in bf16: where the linears take the prompt GEMM
+   (quant/linear.py UNPACK_ROWS). Fewer (a cached prompt's last tokens, a short chunk) run in fp32
+   as the decode layers do, so a prompt's logits hardly depend on whether its prefix was cached,
+   and V is not converted for a handful of queries. */
+#define BF16_VALUE_QUERIES 32
 
 typedef struct {
     const float *q; int64_t q_t, q_h;          /* q[t * q_t + h * q_h + d] */
@@ -102,12 +107,31 @@ static inline void store_rows(const Problem *p, int rows, const int64_t *h, cons
     }
 }
 
+/* out rows = P . V in fp32, 2 VL columns of D at a time. */
+static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+                            int64_t first, int64_t len, const float *sc, const float *inv_sum) {
+    const float *v = p->v + hk * p->kv_h;
+    for (int64_t d0 = 0; d0 < p->D; d0 += 2 * VL) {
+        vf acc[ROWS][2];
+        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = vf_zero();
+        for (int64_t j = first; j < len; j++) {
+            vf v0 = vf_load(v + j * p->kv_s + d0), v1 = vf_load(v + j * p->kv_s + d0 + VL);
+            for (int i = 0; i < rows; i++) {
+                vf pij = vf_set1(sc[i * p->s_pad + j]);
+                acc[i][0] = vf_fma(pij, v0, acc[i][0]);
+                acc[i][1] = vf_fma(pij, v1, acc[i][1]);
+            }
+        }
+        store_rows(p, rows, h, t, d0, acc, inv_sum);
+    }
+}
+
 #ifdef __AVX512BF16__
 /* P . V with vdpbf16ps: probabilities and V rounded to bf16 (relative error ~2^-9, like the bf16
    activations of every linear), twice the fp32 FMA rate. Scores stay fp32: their errors would be
    exponentiated. vp holds V as pairs of keys: element (j/2, d) = (V[j][d], V[j+1][d]). */
-static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                            int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
+static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+                                 int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
     int64_t pairs = (len + 1) / 2, row_len = pairs * 2;
     for (int i = 0; i < rows; i++)  /* probabilities as bf16, zero past len (the pad key's weight) */
         for (int64_t j = first; j < row_len; j += 16) {
@@ -132,7 +156,7 @@ static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_
     }
 }
 
-/* V of every KV head as bf16 key pairs (see weighted_values), zero past S. */
+/* V of every KV head as bf16 key pairs (see weighted_values_bf16), zero past S. */
 static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t S, int64_t Hkv, int64_t D,
                              int64_t s_pad, uint32_t *vp, int threads) {
 #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
@@ -149,27 +173,11 @@ static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t
 }
 #define VALUE_PAIRS 1
 #else
-/* out rows = P . V in fp32, 2 VL columns of D at a time. */
-static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                            int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
-    (void)pb;  /* the bf16 variant's probability buffer */
-    const float *v = p->v + hk * p->kv_h;
-    for (int64_t d0 = 0; d0 < p->D; d0 += 2 * VL) {
-        vf acc[ROWS][2];
-        for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = vf_zero();
-        for (int64_t j = first; j < len; j++) {
-            vf v0 = vf_load(v + j * p->kv_s + d0), v1 = vf_load(v + j * p->kv_s + d0 + VL);
-            for (int i = 0; i < rows; i++) {
-                vf pij = vf_set1(sc[i * p->s_pad + j]);
-                acc[i][0] = vf_fma(pij, v0, acc[i][0]);
-                acc[i][1] = vf_fma(pij, v1, acc[i][1]);
-            }
-        }
-        store_rows(p, rows, h, t, d0, acc, inv_sum);
-    }
-}
 #define VALUE_PAIRS 0
 #endif
+
+/* Whether P . V of a chunk of T queries runs in bf16 (this CPU has AVX512-BF16, and T is a prompt's). */
+int edgellm_attention_bf16_values(int64_t T) { return VALUE_PAIRS && T >= BF16_VALUE_QUERIES; }
 
 /* Floats of `work` the call needs: Kt, then per thread a score block and its bf16 copy, then
    (with AVX512-BF16) the bf16 V pairs. */
@@ -187,10 +195,9 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
     uint32_t *vp = (uint32_t *)(per_thread + (int64_t)threads * ROWS * s_pad * 3 / 2);
     Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, mask ? 0 : window, scale, softcap, mask, out,
                  kt, vp};
+    int bf16_values = edgellm_attention_bf16_values(T);
 #if VALUE_PAIRS
-    pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
-#else
-    (void)vp;
+    if (bf16_values) pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
 #endif
 #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
     for (int64_t hk = 0; hk < Hkv; hk++)
@@ -210,6 +217,7 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
     {
         float *sc = per_thread + (int64_t)THREAD_ID() * ROWS * s_pad * 3 / 2;
         uint16_t *pb = (uint16_t *)(sc + ROWS * s_pad);  /* bf16 probabilities (AVX512-BF16 path) */
+        (void)pb;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             int64_t tb = items - 1 - item; /* biggest blocks first */
@@ -226,10 +234,14 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
             float inv_sum[ROWS];
             scores(&p, hk, rows, h, t, first, len, sc);
             softmax_rows(&p, rows, t, first, len, sc, inv_sum);
-            weighted_values(&p, hk, rows, h, t, first, len, sc, inv_sum, pb);
+#if VALUE_PAIRS
+            if (bf16_values) {
+                weighted_values_bf16(&p, hk, rows, h, t, first, len, sc, inv_sum, pb);
+                continue;
+            }
+#endif
+            weighted_values(&p, hk, rows, h, t, first, len, sc, inv_sum);
         }
     }
 }
 
-/* Whether P . V runs in bf16 (this CPU has AVX512-BF16), for tests' error bounds. */
-int edgellm_attention_bf16_values(void) { return VALUE_PAIRS; }

@@ -40,7 +40,7 @@ _SIGNATURES = {
     "edgellm_attention": (None, [_p, _i64, _i64, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32, _p, _i64, _p,
                                  _p, _i]),
     "edgellm_attention_work": (_i64, [_i64, _i64, _i64, _i]),
-    "edgellm_attention_bf16_values": (_i, []),
+    "edgellm_attention_bf16_values": (_i, [_i64]),
     "edgellm_gated_act": (None, [_p, _i64, _i64, _i, _p, _i, _i]),
     "edgellm_norm_rope": (None, [_p, _i64, _i64, _i64, _i64, _p, _f32, _p, _p, _i]),
     "edgellm_rms_norm": (None, [_p, _i64, _i64, _p, _f32, _p, _i, _i]),

@@ -83,9 +83,10 @@ def attention_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
             and q.stride(3) == k.stride(3) == 1)
 
 
-def attention_bf16_values(lib: ctypes.CDLL | None = None) -> bool:
-    """Whether `attention` multiplies probabilities by V in bf16 (CPUs with AVX512-BF16)."""
-    return bool((lib or library()).edgellm_attention_bf16_values())
+def attention_bf16_values(queries: int, lib: ctypes.CDLL | None = None) -> bool:
+    """Whether `attention` multiplies probabilities by V in bf16 for a chunk of this many queries
+    (CPUs with AVX512-BF16, chunks of a prompt's size; fewer queries run in fp32 like decode)."""
+    return bool((lib or library()).edgellm_attention_bf16_values(queries))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None,
@@ -93,7 +94,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, m
     """softmax(q k^T · scale) v for q (1, H, T, D), k and v (1, Hkv, S, D), as (1, H, T, D) fp32;
     with softcap (Gemma 2) the scores are capped first: s -> softcap · tanh(s / softcap).
 
-    Scores and softmax in fp32; P·V in bf16 where the CPU has AVX512-BF16 (see attention.c).
+    Scores and softmax in fp32; P·V in bf16 where the CPU has AVX512-BF16 and T is a prompt's
+    (attention_bf16_values; see attention.c).
 
     mask None = causal, the queries being the last T of the S positions, and with window > 0
     each query sees only the `window` newest of its keys (keys in position order); else mask
