@@ -25,6 +25,14 @@ REWRITE = [{"role": "user", "content": DOCUMENT * 3 + "\n\nRepeat the text above
 STORY = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
 
 
+def _plain_from_the_cache(model, conversation, max_tokens: int):
+    """Plain decoding of `conversation` once its prompt's blocks are cached, as the speculative
+    run after it finds them (where prompt GEMMs run in bf16, a fresh prompt's logits differ from
+    a cached one's by ~1e-2: enough to flip a near-tie)."""
+    model.chat(conversation, max_tokens=1)
+    return model.chat(conversation, max_tokens=max_tokens)
+
+
 def test_prompt_lookup_continues_the_most_recent_longest_match():
     lookup = PromptLookup(max_ngram=3, min_ngram=1)
     assert lookup.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3], 3) == ([7, 8, 5], None)  # the later 1 2 3
@@ -48,6 +56,19 @@ def test_a_draft_model_whose_guess_costs_a_whole_step_is_not_retried_soon():
     assert costs.never_pays
     policy = AdaptiveSpeculation(known=costs, max_wait=512)
     assert all(policy.draft_length() == 0 for _ in range(512)) and policy.draft_length() > 0
+
+
+def test_a_draft_models_verdict_that_no_length_pays_holds_for_the_next_generation():
+    costs = SpeculationCosts(plain_s=0.010, guess_s=0.008)  # a guess cheaper than a step...
+    policy = AdaptiveSpeculation(known=costs, max_wait=512)
+    assert policy.draft_length() == 4
+    for _ in range(JUDGE_AFTER):  # ...but none kept: no draft length pays
+        policy.record_check(0.010 + 4 * 0.008, 4, 0)
+    assert policy.pays is False and policy.draft_length() == 0
+    costs.pays = policy.pays  # what Speculator.close hands on
+    later = AdaptiveSpeculation(known=costs, max_wait=512)  # its first check would catch up on a whole prompt
+    assert all(later.draft_length() == 0 for _ in range(512)) and later.draft_length() > 0
+    assert AdaptiveSpeculation(known=costs, free_guesses=True).draft_length() > 0  # prompt lookup checks again
 
 
 def test_a_verdict_that_free_guesses_do_not_pay_is_checked_again_cheaply_by_the_next_generation():
@@ -92,7 +113,7 @@ def smollm2(smollm2_path):
 @pytest.mark.parametrize("conversation, kind", [(REWRITE, "lookup"), (STORY, "self"), (REWRITE, "self")])
 def test_greedy_speculation_gives_plain_decodings_tokens_on_smollm2(smollm2, conversation, kind):
     smollm2.forget_speculation_costs()  # an earlier test's verdict (a self-draft does not pay) would keep it plain
-    plain = smollm2.chat(conversation, max_tokens=80)
+    plain = _plain_from_the_cache(smollm2, conversation, 80)
     fast = smollm2.chat(conversation, max_tokens=80, speculative=kind)
     assert fast.token_ids == plain.token_ids and fast.text == plain.text
     timings = fast.timings
@@ -112,7 +133,7 @@ def test_exact_mode_checks_guesses_on_the_pytorch_path_with_the_same_tokens(smol
 
 def test_a_draft_model_gives_plain_decodings_tokens(smollm2, smollm2_path):
     with edgellm.load(smollm2_path, mode="fast", draft=smollm2_path) as target:
-        plain = target.chat(STORY, max_tokens=60)
+        plain = _plain_from_the_cache(target, STORY, 60)
         drafted = target.chat(STORY, max_tokens=60, speculative="draft")
     assert drafted.token_ids == plain.token_ids
     assert drafted.timings.accepted_tokens > 0.9 * drafted.timings.drafted_tokens  # the same weights: it agrees
@@ -128,7 +149,7 @@ def test_greedy_speculation_on_gemma3_survives_its_rings_wrapping(gemma3_path):
         assert len(model.template.encode_chat(long_rewrite)) > 512
         model.attach_draft(model)  # Gemma 3 has no smaller sibling here: itself, on its own KV
         for conversation, kind in ((long_rewrite, "lookup"), (STORY, "self"), (long_rewrite, "draft")):
-            plain = model.chat(conversation, max_tokens=60)
+            plain = _plain_from_the_cache(model, conversation, 60)
             fast = model.chat(conversation, max_tokens=60, speculative=kind)
             assert fast.token_ids == plain.token_ids, kind
             assert fast.timings.drafted_tokens > 0
@@ -136,7 +157,7 @@ def test_greedy_speculation_on_gemma3_survives_its_rings_wrapping(gemma3_path):
 
 def test_self_speculation_measures_its_early_exit_and_stays_plain_where_it_cannot_pay(smollm2_path):
     with edgellm.load(smollm2_path) as model:
-        plain = model.chat(STORY, max_tokens=20)
+        plain = _plain_from_the_cache(model, STORY, 20)
         done = model.chat(STORY, max_tokens=20, speculative="self")
         agreement = model.self_draft_agreement
     # SmolLM2's early exits pick the model's token at most ~60 % of the time, at 29 of 30 layers

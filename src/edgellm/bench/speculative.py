@@ -46,6 +46,8 @@ def _compare(model, kind: str, conversations: list, gen_tokens: int, repeat: int
     conversation the median tok/s of each and their ratio, and the geometric mean of the ratios."""
     runs = [{"plain": [], kind: []} for _ in conversations]
     drafted = accepted = passes = tokens = 0
+    for conversation in conversations:  # every run then starts from the cached prompt: where prompt GEMMs are
+        model.chat(conversation, max_tokens=1, speculative="off")  # bf16, a fresh prompt's logits differ a little
     same = True
     for round_ in range(repeat):
         for conversation, speeds in zip(conversations, runs):

@@ -30,9 +30,11 @@ JUDGE_AFTER = 3  # checked passes before speculation may be paused
 @dataclass
 class SpeculationCosts:
     """What generations measured with one drafter on one model, handed from each to the next
-    (a model keeps one per drafter kind): seconds of a plain step and extra seconds per guess."""
+    (a model keeps one per drafter kind): seconds of a plain step and extra seconds per guess,
+    and the verdict the last one ended with (None: none judged yet)."""
     plain_s: float | None = None
     guess_s: float | None = None
+    pays: bool | None = None  # some draft length beat plain decoding at the acceptance measured
 
     @property
     def never_pays(self) -> bool:
@@ -55,8 +57,10 @@ class AdaptiveSpeculation:
     no k beats plain decoding, decoding stays plain for `retry_every` steps, then speculation
     is measured afresh with one guess a pass (acceptance changes with the text); each failed
     retry doubles the wait (a draft model's catching up is not free), up to `max_wait`, which a
-    guess costing a whole step gets at once — and keeps in later generations, unless guesses
-    are free to make (prompt lookup), whose verdicts later generations check again."""
+    guess costing a whole step gets at once. A draft model's verdict that no length pays holds
+    for later generations (they start plain for `max_wait` steps: its first check would cost a
+    catch-up over the whole prompt, ~150 ms for a 40-token chat here); verdicts on guesses that
+    are free to make (prompt lookup) later generations check again."""
 
     def __init__(self, max_draft: int = MAX_DRAFT, start: int = 4, retry_every: int = 32, max_wait: int = 512,
                  known: SpeculationCosts | None = None, free_guesses: bool = False):
@@ -73,8 +77,9 @@ class AdaptiveSpeculation:
             # made in one unlucky moment (a VM's stall in a checked pass) must not keep a process
             # plain for good.
             self.plain_left, self.k, self.guess_s = retry_every, 1, None
-        elif known.never_pays:  # a draft model's guess costs a step of it: retried only after the longest wait
+        elif known.never_pays or (known.pays is False and not free_guesses):  # retried only after the longest wait
             self.plain_left, self.wait = max_wait, max_wait
+        self.pays = known.pays  # what the last plan found
         self.fresh = True  # the next checked pass starts a streak (a draft model catches up then)
         self.checks = 0  # checked passes in this streak: a pause needs a few (one unlucky check is noise)
 
@@ -106,8 +111,9 @@ class AdaptiveSpeculation:
         rate, k = max((self.expected_tokens(k) / (self.plain_s + self.guess_s * k), k)
                       for k in range(1, self.max_draft + 1))
         if rate * self.plain_s > 1.0:
-            self.k, self.wait = k, self.retry_every
+            self.k, self.wait, self.pays = k, self.retry_every, True
         elif self.checks >= JUDGE_AFTER:  # no draft length beats a plain step now
+            self.pays = False
             if self.guess_s >= self.plain_s:  # nor can any acceptance: a guess costs a whole step
                 self.wait = self.max_wait
             self.plain_left, self.fresh, self.kept, self.tried, self.checks = self.wait, True, 0.0, 0.0, 0
@@ -224,3 +230,4 @@ class Speculator:
         self.drafter.close()
         if self.costs is not None and self.policy.plain_s is not None:
             self.costs.plain_s, self.costs.guess_s = self.policy.plain_s, self.policy.guess_s
+            self.costs.pays = self.policy.pays
