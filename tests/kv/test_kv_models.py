@@ -9,6 +9,7 @@ import torch
 
 import edgellm
 from edgellm.errors import KVStateMismatch
+from edgellm.generate.generator import prefill, prefill_chunk
 from edgellm.kv import KVConfig
 
 SYSTEM = ("You are a careful assistant for a lighthouse maintenance team. " * 12).strip()
@@ -130,3 +131,23 @@ def test_model_chat_reuses_earlier_turns_by_default(smollm2_path):
         with without:
             assert without.chat(messages, max_tokens=8, temperature=0).token_ids == second.token_ids
             assert without.kv.prefix is None
+
+
+def test_a_prompt_resumed_inside_a_block_is_remembered_whole_on_gemmas_rings(gemma3_path):
+    """Throughput mode prefills a newcomer a few tokens a step beside running streams, then in
+    chunks of a ring's window (512) once it runs alone: the KV block the chunk began in must still
+    be in the sliding layers' rings when it is remembered for prefix reuse (it used to raise
+    "positions ... are no longer in the ring")."""
+    with edgellm.load(gemma3_path) as model:
+        ids = model.tokenizer.encode(SYSTEM * 6)
+        assert len(ids) > 600
+        seq, _ = model.kv.new_sequence(ids)
+        try:
+            with torch.inference_mode():
+                prefill(model.net, seq, ids[:5], prefill_chunk(model.kv))  # the interleaved few tokens
+                prefill(model.net, seq, ids[5:], prefill_chunk(model.kv))
+        finally:
+            seq.release()
+        again, reused = model.kv.new_sequence(ids)
+        again.release()
+    assert reused == (len(ids) - 1) // 32 * 32  # every finished block was remembered

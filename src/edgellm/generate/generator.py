@@ -26,13 +26,17 @@ class CausalLM(Protocol):
 
 
 def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
-    """Run `ids` through the model into `seq`; returns the last position's logits."""
-    logits = None
-    for start in range(0, len(ids), chunk):
-        piece = list(ids[start:start + chunk])
+    """Run `ids` through the model into `seq` in pieces of at most `chunk` that end on KV block
+    boundaries; returns the last position's logits. (A ring-window-sized piece that began inside a
+    block — after a few tokens interleaved with other streams — would push that block's first
+    tokens out of the ring before the block is remembered for prefix reuse: prefill_chunk.)"""
+    logits, start, block = None, 0, seq.config.block_size
+    while start < len(ids):
+        piece = list(ids[start:start + chunk - seq.offset % block])
         seq.prepare(len(piece))
         logits = model(torch.tensor([piece]), seq, last_only=True)[0, -1]
         seq.advance(piece)
+        start += len(piece)
     return logits
 
 
