@@ -113,3 +113,37 @@ def test_gemv_takes_at_most_eight_rows(lib):
     packed, pairs, _ = _int4(64, 64, 1, 32)
     with pytest.raises(ValueError, match="at most 8"):
         kernels.int4_gemv(torch.zeros(9, 64), packed, pairs, 32, 1, lib=lib)
+
+
+def _q8r16(n: int, k: int, seed: int, lib):
+    rows, w = _blocks("Q8_0", n, k, seed)
+    return kernels.q8_0_as_q8r16(rows, k, lib=lib), rows, w
+
+
+def test_q8r16_holds_the_q8_0_rows_bytes_sixteen_rows_interleaved(lib, scalar):
+    packed, rows, w = _q8r16(48, 256, 5, lib)
+    assert packed.shape == rows.shape and torch.equal(packed, kernels.q8_0_as_q8r16(rows, 256, lib=scalar))
+    group = packed.view(3, 8, 544)[1, 2]  # rows 16-31, block 2 (weights 64-95)
+    block = rows[16 + 5, 2 * 34:3 * 34]  # row 21's block 2
+    assert bytes(group[10:12].numpy()) == bytes(block[:2].numpy())  # its fp16 d
+    assert [int(group[32 + 32 * p + 10 + e]) for p in range(16) for e in (0, 1)] == block[2:].tolist()
+    assert torch.equal(kernels.blocks_to_float(packed, kernels.Q8R16, 256, dtype=torch.float32, lib=lib).double(), w)
+    ids = torch.tensor([47, 0, 21, 21])
+    assert torch.equal(kernels.q8r16_rows(packed, 256, ids, lib=lib).double(), w[ids])
+    with pytest.raises(ValueError, match="whole groups of 16"):
+        kernels.q8_0_as_q8r16(rows[:40], 256, lib=lib)
+    with pytest.raises(IndexError):
+        kernels.q8r16_rows(packed, 256, torch.tensor([48]), lib=lib)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
+def test_q8r16_gemv_matches_fp64_and_every_variant_computes_the_same_floats(lib, scalar, m):
+    # per block an exact int32 dot product, then one fma per row in block order: the same floats
+    # in every variant and for every number of rows (a sequence in a batch gets what it gets alone)
+    packed, _, w = _q8r16(64, 640, m, lib)
+    x = torch.randn(m, 640, generator=torch.Generator().manual_seed(m), dtype=torch.float64) * 2
+    ours = kernels.block_gemv(x.float(), packed, kernels.Q8R16, 640, lib=lib)
+    assert _close(ours, x @ w.T, TO_FP64)
+    assert torch.equal(ours, kernels.block_gemv(x.float(), packed, kernels.Q8R16, 640, lib=scalar))
+    for i in range(m):
+        assert torch.equal(ours[i], kernels.block_gemv(x[i:i + 1].float(), packed, kernels.Q8R16, 640, lib=lib)[0])

@@ -38,6 +38,20 @@ def test_fused_parts_of_mixed_formats_for_decode_and_prompt():
         assert (y.double() - reference_y).abs().max() < 2e-2 * reference_y.abs().max()
 
 
+def test_q8_0_parts_are_held_interleaved_and_give_the_same_products_and_prompt_weights():
+    parts = [_weight("Q8_0", 48, 256, seed=1), _weight("Q6_K", 16, 256, seed=2), _weight("Q8_0", 40, 256, seed=3)]
+    linear = BlockLinear([(rows.reshape(-1), GGMLType[fmt], (w.shape[0], 256))
+                          for (rows, w), fmt in zip(parts, ["Q8_0", "Q6_K", "Q8_0"])])
+    assert linear.types == [kernels.Q8R16, GGMLType.Q6_K, GGMLType.Q8_0]  # 40 rows: no whole groups of 16
+    w = torch.cat([w for _, w in parts])
+    for m in (1, 8, 40):  # native GEMVs; then the prompt's GEMM over the dequantized stack
+        x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
+        assert (linear(x).double() - x.double() @ w.T).abs().max() < 2e-2 * (x.double() @ w.T).abs().max()
+    alone = BlockLinear([(parts[0][0].reshape(-1), GGMLType.Q8_0, (48, 256))])
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(linear(x)[:, :48], alone(x))
+
+
 def test_int8_rows_of_edgellms_scheme_are_read_in_place():
     from edgellm.quant.packed import make_quantized_linear
     from edgellm.quant.schemes import Scheme, quantize
@@ -63,8 +77,10 @@ def test_gemma_projections_are_read_in_place(gemma3_path):
         assert isinstance(block.mlp.down_proj, BlockLinear)  # Q6_K
         assert isinstance(model.net.lm_head, BlockLinear)  # the tied Q8_0 embedding
         tensors = [model.source.tensors[f"blk.0.attn_{p}.weight"] for p in "qkv"]
-        widened = widens_q5_0()
-        assert block.attn.qkv_proj.types == [GGMLType.Q8_0 if widened else GGMLType.Q5_0] * 2 + [GGMLType.Q8_0]
+        widened = widens_q5_0()  # Q8_0 parts are held as Q8R16 (the same bytes, 16 rows interleaved)
+        assert block.attn.qkv_proj.types == [kernels.Q8R16 if widened else GGMLType.Q5_0] * 2 + [kernels.Q8R16]
+        assert model.net.lm_head.types == [kernels.Q8R16]
+        assert model.net.embed.rows.data_ptr() == model.net.lm_head.parts[0].rows.data_ptr()  # one table for both
         # what the planner counts for them (planner.weight_bytes)
         assert block.attn.qkv_proj.nbytes == sum(t.nbytes * 34 // 22 if widened and t.ggml_type == GGMLType.Q5_0
                                                  else t.nbytes for t in tensors)

@@ -24,6 +24,7 @@ class MappedFile:
             raise ModelFormatError(self.path, "no such file") from None
         except (ValueError, OSError) as e:  # ValueError: an empty file cannot be mapped
             raise ModelFormatError(self.path, f"cannot map file ({e})") from None
+        self._base = torch.frombuffer(self._map, dtype=torch.uint8, count=1).data_ptr()  # where offset 0 lies
 
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         """Bytes offset..offset+nbytes as a 1-D uint8 view into the mapping (no copy)."""
@@ -44,6 +45,14 @@ class MappedFile:
             start = start // page * page
             if end > start:
                 self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def drop_view(self, view: torch.Tensor) -> None:
+        """advise_dontneed for the bytes of a contiguous view of this mapping (a chunk of a weight
+        just converted into a copy); anything else, nothing."""
+        start = view.data_ptr() - self._base
+        end = start + view.numel() * view.element_size()
+        if 0 <= start and end <= len(self._map):
+            self.advise_dontneed([(start, end)])
 
     @property
     def file_size(self) -> int:

@@ -13,14 +13,15 @@ PyTorch's GEMM in the compute dtype (bf16 only where the CPU multiplies bf16 nat
 `norm_rope` a per-head norm and RoPE in place; `rms_norm` / `add_rms_norm` a sublayer's norm with its
 cast or residual add. EDGELLM_KERNELS=0 turns all of it off; EDGELLM_ISA picks a variant."""
 from edgellm.kernels.build import available, compute_dtype, describe, library, library_for, profiled
-from edgellm.kernels.gemv import MAX_ROWS, block_gemv, int4_gemv, q5_0_as_q8_0, supports
+from edgellm.kernels.gemv import (MAX_ROWS, Q8R16, Q8R16_ROWS, block_gemv, int4_gemv, q5_0_as_q8_0, q8_0_as_q8r16,
+                                  q8r16_rows, supports)
 from edgellm.kernels.isa import Variant, runnable, selected
 from edgellm.kernels.prompt import (SCRATCH_ROWS, add_rms_norm, add_rms_norm_supports, attention, attention_bf16_values,
                                     attention_supports, blocks_to_float, gated_act, gated_act_supports, int4_unpack,
                                     norm_rope, norm_rope_supports, rms_norm, rms_norm_supports, scratch)
 
-__all__ = ["MAX_ROWS", "SCRATCH_ROWS", "Variant", "add_rms_norm", "add_rms_norm_supports", "attention",
+__all__ = ["MAX_ROWS", "Q8R16", "Q8R16_ROWS", "SCRATCH_ROWS", "Variant", "add_rms_norm", "add_rms_norm_supports", "attention",
            "attention_bf16_values", "attention_supports", "available", "block_gemv", "blocks_to_float",
            "compute_dtype", "describe", "gated_act", "gated_act_supports", "int4_gemv", "int4_unpack", "library", "library_for",
-           "norm_rope", "norm_rope_supports", "profiled", "q5_0_as_q8_0", "rms_norm", "rms_norm_supports", "runnable", "scratch",
+           "norm_rope", "norm_rope_supports", "profiled", "q5_0_as_q8_0", "q8_0_as_q8r16", "q8r16_rows", "rms_norm", "rms_norm_supports", "runnable", "scratch",
            "selected", "supports"]

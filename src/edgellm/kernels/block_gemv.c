@@ -24,7 +24,12 @@
 /* Bytes ahead to prefetch, in whole rows: one core alone keeps too few lines in flight to stream at
    the memory's speed (Q8_0 head, 2 threads: 13 -> 19 GB/s of ~21 measured) */
 #define PREFETCH_BYTES 6144
-enum { BLOCK_Q5_0 = 6, BLOCK_Q8_0 = 8, BLOCK_Q5_K = 13, BLOCK_Q6_K = 14, BLOCK_I8 = 24 }; /* ggml type numbers */
+/* ggml type numbers, and edgellm's Q8R16 (Q8_0 rows interleaved by 16: q8r16.c) */
+enum { BLOCK_Q5_0 = 6, BLOCK_Q8_0 = 8, BLOCK_Q5_K = 13, BLOCK_Q6_K = 14, BLOCK_I8 = 24, BLOCK_Q8R16 = 100 };
+
+void edgellm_q8r16_gemv(const float *x, int m, int64_t k, const uint8_t *packed, int64_t n, float *y, int64_t ldy,
+                        void *work, int threads);
+void edgellm_q8r16_to_float(const uint8_t *packed, int64_t n, int64_t k, void *out, int dtype, int threads);
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
 
@@ -240,12 +245,13 @@ ALWAYS_INLINE void gemv_rows(const float *x, int m, int64_t k, const uint8_t *bl
 int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * act_bytes(k, 32); }
 
 /* y[i][0..n) (row i at y + i * ldy) = x[m][k] @ W^T for W given as n rows of GGUF blocks of `type`
-   (Q8_0, Q5_0, Q5_K, Q6_K; I8 with its bf16 `row_scale`, else NULL), m <= 8. `work` holds
+   (Q8_0, Q5_0, Q5_K, Q6_K; I8 with its bf16 `row_scale`, else NULL; Q8R16), m <= 8. `work` holds
    edgellm_block_gemv_work(m, k) bytes. */
 void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks, int type, int64_t n,
                         const uint16_t *row_scale, float *y, int64_t ldy, void *work, int threads) {
     /* constant types, so each loop is compiled for its format */
     switch (type) {
+    case BLOCK_Q8R16: edgellm_q8r16_gemv(x, m, k, blocks, n, y, ldy, work, threads); break;
     case BLOCK_I8: gemv_rows(x, m, k, blocks, BLOCK_I8, n, row_scale, y, ldy, work, threads); break;
     case BLOCK_Q8_0: gemv_rows(x, m, k, blocks, BLOCK_Q8_0, n, NULL, y, ldy, work, threads); break;
     case BLOCK_Q5_0: gemv_rows(x, m, k, blocks, BLOCK_Q5_0, n, NULL, y, ldy, work, threads); break;
@@ -291,6 +297,10 @@ ALWAYS_INLINE void row_to_float(const uint8_t *row, int type, int64_t k, float r
 /* out (n, k) = the dequantized weight as bf16 (dtype 1) or fp32 (dtype 0), for a prompt's GEMM. */
 void edgellm_blocks_to_float(const uint8_t *blocks, int type, int64_t n, int64_t k, const uint16_t *row_scale,
                              void *out, int dtype, int threads) {
+    if (type == BLOCK_Q8R16) {  /* n rows from a group boundary */
+        edgellm_q8r16_to_float(blocks, n, k, out, dtype, threads);
+        return;
+    }
     int64_t rb = row_bytes(type, k);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++)

@@ -11,8 +11,11 @@ import torch
 from edgellm.kernels.build import library, profiled
 
 MAX_ROWS = 8  # activation rows per call (decode steps of up to 8 sequences)
-BLOCK_TYPES = (6, 8, 13, 14, 24)  # ggml Q5_0, Q8_0, Q5_K, Q6_K, I8 (edgellm's INT8 rows): what block_gemv.c reads
 I8 = 24
+Q8R16 = 100  # edgellm's Q8_0 rows interleaved by 16 (q8r16.c); beside the ggml numbers
+Q8R16_ROWS = 16
+# ggml Q5_0, Q8_0, Q5_K, Q6_K, I8 (edgellm's INT8 rows) and Q8R16: what block_gemv.c reads
+BLOCK_TYPES = (6, 8, 13, 14, I8, Q8R16)
 
 
 def check_block_type(ggml_type: int) -> None:
@@ -71,4 +74,29 @@ def q5_0_as_q8_0(rows: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Te
     rows = rows.contiguous()
     out = torch.empty(rows.shape[0], rows.shape[1] // 22 * 34, dtype=torch.uint8)
     lib.edgellm_q5_0_to_q8_0(rows.data_ptr(), rows.numel() // 22, out.data_ptr())
+    return out
+
+
+def q8_0_as_q8r16(rows: torch.Tensor, k: int, out: torch.Tensor | None = None,
+                  lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """N Q8_0 rows of K weights (N, K / 32 * 34) uint8, N % 16 == 0, as the same bytes in the
+    Q8R16 layout (q8r16.c), shaped (N, K / 32 * 34) like them (a row of it is not a row of W:
+    16 rows interleave); into `out` if given."""
+    lib = lib or library()
+    n, rows = rows.shape[0], rows.contiguous()
+    if n % Q8R16_ROWS or k % 32 or rows.shape[1] != k // 32 * 34:
+        raise ValueError(f"Q8R16 takes whole groups of {Q8R16_ROWS} Q8_0 rows, got {tuple(rows.shape)} for K = {k}")
+    out = torch.empty_like(rows) if out is None else out
+    lib.edgellm_q8_0_to_q8r16(rows.data_ptr(), n, k, out.data_ptr())
+    return out
+
+
+def q8r16_rows(packed: torch.Tensor, k: int, ids: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """(len(ids), K) fp32: rows `ids` of a whole Q8R16 table (embedding lookups)."""
+    lib = lib or library()
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= packed.shape[0]):
+        raise IndexError(f"row ids must lie in [0, {packed.shape[0]})")
+    out = torch.empty(ids.numel(), k, dtype=torch.float32)
+    lib.edgellm_q8r16_rows(packed.data_ptr(), k, ids.data_ptr(), ids.numel(), out.data_ptr())
     return out

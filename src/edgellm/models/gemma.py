@@ -133,11 +133,11 @@ class Gemma(nn.Module):
     def __init__(self, cfg: GemmaConfig, w: Weights):
         super().__init__()
         self.config = cfg
-        self.embed = w.embedding("token_embd.weight")
+        self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
+        self.embed = w.embedding("token_embd.weight", tied_head=None if w.has("output.weight") else self.lm_head)
         self.embed_scale = math.sqrt(cfg.hidden_size)
         self.blocks = nn.ModuleList(Block(cfg, w, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
-        self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.rotary_local = Rotary(cfg.head_dim, cfg.rope_local_base)
         self.rotary_global = Rotary(cfg.head_dim, cfg.rope_base)
         self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)

@@ -183,10 +183,10 @@ class Llama(nn.Module):
         self.config = cfg
         # llama.cpp interleaves Llama q/k rows; Qwen2 GGUFs and HF checkpoints keep HF's order
         permuted = cfg.architecture in PERMUTED_QK and not cfg.hf_qk_layout
-        self.embed = w.embedding("token_embd.weight")
+        self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
+        self.embed = w.embedding("token_embd.weight", tied_head=None if w.has("output.weight") else self.lm_head)
         self.blocks = nn.ModuleList(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
-        self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base, self._rope_factors(cfg, w),
                              cfg.longrope[1] if cfg.longrope else 1.0)
         self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)

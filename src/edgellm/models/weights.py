@@ -7,6 +7,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
+from edgellm import kernels
 from edgellm.errors import ModelFormatError
 from edgellm.quant.embedding import BlockEmbedding
 from edgellm.quant.ggml import dequantize
@@ -67,7 +68,8 @@ class Weights:
         rows = rows or {}
         infos = [self.source.tensors.get(n) for n in names]
         if self.mode == "fast" and all(i is not None and BlockLinear.supports(i.ggml_type, i.shape) for i in infos):
-            return BlockLinear([self._part(n, rows.get(n)) for n in names])  # the file's blocks, in place
+            return BlockLinear([self._part(n, rows.get(n)) for n in names],  # the file's blocks (Q8_0 interleaved)
+                               drop_source=getattr(self.source, "drop_view", None))
         cached = self.cache.get(key) if self.cache is not None else None
         if cached is not None:
             return cached
@@ -107,9 +109,14 @@ class Weights:
             return None
         return torch.cat([self.vector(n) for n in names])
 
-    def embedding(self, name: str) -> BlockEmbedding | QuantizedEmbedding:
+    def embedding(self, name: str, tied_head: torch.nn.Module | None = None) -> BlockEmbedding | QuantizedEmbedding:
+        """The table `name`; where `tied_head` (the output head of the same tensor) holds it as a
+        Q8R16 copy, the lookups read that copy: one table resident, not the copy and the file."""
         weight = self._quantized(name, None)
         if weight is not None:
             return QuantizedEmbedding(weight)
         raw, ggml_type, shape = self._part(name)
+        parts = getattr(tied_head, "parts", None)
+        if isinstance(tied_head, BlockLinear) and len(parts) == 1 and parts[0].type == kernels.Q8R16:
+            return BlockEmbedding(parts[0].rows, parts[0].type, shape)
         return BlockEmbedding(raw, ggml_type, shape)

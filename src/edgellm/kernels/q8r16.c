@@ -1,0 +1,188 @@
+/* edgellm's "Q8R16" layout: GGUF Q8_0 blocks (fp16 d, 32 int8 q; w = d * q) with rows interleaved
+   sixteen at a time, so that one vector holds the same weights of 16 rows (docs/kernels.md). Per
+   group of 16 rows, per block b of 32 k's, 544 bytes (16 Q8_0 blocks, the same bytes reordered):
+
+     16 fp16 d, row j's at byte 2j;   then per k-pair p < 16: 16 rows x (q[2p], q[2p + 1]), row j's at 2j
+
+   Written once at load from the file's Q8_0 rows (edgellm_q8_0_to_q8r16), the same bytes on every
+   machine. Why: a GEMV over plain Q8_0 rows turns each block of each row into a dot product summed
+   across lanes and scaled on its own (five or six instructions for 32 multiply-adds, per activation
+   row); here a lane is a row, a k-pair of 16 rows is one widening and one vpdpwssd per activation
+   row, and the sixteen rows' scales apply to a whole vector per block. The tied 262k x 640 head of
+   Gemma 3 with 4 activation rows: 15.7 -> 9.7 ms (AVX-512, this VM), SmolLM2's 49k x 576 head
+   0.78 -> 0.54 ms at 1 row and 2.43 -> 0.66 ms at 4.
+
+   Products: per block, exact int32 sums of q * qx (int16 activations, intdot.h), then one fma
+   per block and row in block order: acc = fma(float(dot), d * dx[b], acc). Every variant, and every
+   number of activation rows, computes exactly these floats. */
+#include "intdot.h"
+
+#define R16 16                 /* rows per group */
+#define R16_BLOCK 544          /* bytes per group and block of 32 k's */
+#define R16_MAX_M 8
+#define R16_PREFETCH 6144      /* bytes ahead: one core alone keeps too few lines in flight */
+
+/* dst (n / 16 groups) = src's n Q8_0 rows of k weights, interleaved; n % 16 == 0, k % 32 == 0. One
+   thread: it runs at load, in the thread that loads, and an OpenMP team started there would slow
+   the engine thread's own (two teams on two cores: service decode 155 -> 61 tok/s, measured). */
+void edgellm_q8_0_to_q8r16(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    int64_t nb = k / 32;
+    for (int64_t g = 0; g < n / R16; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + (g * nb + b) * R16_BLOCK;
+            for (int j = 0; j < R16; j++) {
+                const uint8_t *block = src + ((g * R16 + j) * nb + b) * 34;
+                memcpy(out + 2 * j, block, 2);
+                for (int p = 0; p < 16; p++) memcpy(out + 32 + 32 * p + 2 * j, block + 2 + 2 * p, 2);
+            }
+        }
+}
+
+/* Weight q[2p + e] of row j in a group's block. */
+static inline int8_t r16_q(const uint8_t *block, int j, int p, int e) { return (int8_t)block[32 + 32 * p + 2 * j + e]; }
+
+/* out[0..k) = row j of a group (the group's first block at `group`), as fp32 or bf16 from `at`. */
+static void r16_row(const uint8_t *group, int64_t nb, int j, void *out, int64_t at, int dtype) {
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *block = group + b * R16_BLOCK;
+        int8_t q[32];
+        for (int p = 0; p < 16; p++) q[2 * p] = r16_q(block, j, p, 0), q[2 * p + 1] = r16_q(block, j, p, 1);
+        vf d = vf_set1(f16_to_f32((uint16_t)(block[2 * j] | block[2 * j + 1] << 8)));
+        for (int i = 0; i < 32; i += VL) vf_store_as(out, at + b * 32 + i, vf_mul(vf_load_i8(q + i), d), dtype);
+    }
+}
+
+/* out (n, k) = the weights of n rows from `packed` (a group boundary), as fp32 or bf16: a prompt's GEMM. */
+void edgellm_q8r16_to_float(const uint8_t *packed, int64_t n, int64_t k, void *out, int dtype, int threads) {
+    int64_t nb = k / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < n; r++) r16_row(packed + r / R16 * nb * R16_BLOCK, nb, (int)(r % R16), out, r * k, dtype);
+}
+
+/* out (count, k) fp32 = rows rows[0..count) of the whole table at `packed`: embedding lookups. */
+void edgellm_q8r16_rows(const uint8_t *packed, int64_t k, const int64_t *rows, int64_t count, float *out) {
+    int64_t nb = k / 32;
+    for (int64_t i = 0; i < count; i++)
+        r16_row(packed + rows[i] / R16 * nb * R16_BLOCK, nb, (int)(rows[i] % R16), out, i * k, DTYPE_F32);
+}
+
+static inline void r16_prefetch(const uint8_t *block) {
+    for (int line = 0; line < R16_BLOCK; line += 64) __builtin_prefetch(block + R16_PREFETCH + line);
+}
+
+/* y[i][16 g .. 16 g + 16) for the m activation rows, from one group's nb blocks. */
+ALWAYS_INLINE void r16_group(const uint8_t *w, int64_t nb, int m, const Act *act, float *y, int64_t ldy) {
+#if EDGELLM_AVX512
+    __m512 acc[R16_MAX_M];
+    for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += R16_BLOCK) {
+        r16_prefetch(w);
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
+        __m512i dot[R16_MAX_M];
+        for (int i = 0; i < m; i++) dot[i] = _mm512_setzero_si512();
+        for (int p = 0; p < 16; p++) {  /* lane j: row j's (q[2p], q[2p + 1]) */
+            __m512i wq = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * p)));
+            for (int i = 0; i < m; i++) {
+                int32_t pair;
+                memcpy(&pair, act[i].q + b * 32 + 2 * p, 4);
+                dot[i] = _mm512_dpwssd_epi32(dot[i], wq, _mm512_set1_epi32(pair));
+            }
+        }
+        for (int i = 0; i < m; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(d, _mm512_set1_ps(act[i].dx[b])), acc[i]);
+    }
+    for (int i = 0; i < m; i++) _mm512_storeu_ps(y + i * ldy, acc[i]);
+#elif EDGELLM_AVX2
+    /* 8 rows a pass (bytes 16h.. of each k-pair), 4 activation rows at a time: 16 registers */
+    for (int h = 0; h < 2; h++)
+        for (int i0 = 0; i0 < m; i0 += 4) {
+            int rows = m - i0 < 4 ? m - i0 : 4;
+            const Act *a = act + i0;
+            __m256 acc[4];
+            for (int i = 0; i < rows; i++) acc[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = w + b * R16_BLOCK;
+                if (h == 0 && i0 == 0) r16_prefetch(blk);
+                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+                __m256i dot[4];
+                for (int i = 0; i < rows; i++) dot[i] = _mm256_setzero_si256();
+                for (int p = 0; p < 16; p++) {
+                    __m256i wq = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * p + 16 * h)));
+                    for (int i = 0; i < rows; i++) {
+                        int32_t pair;
+                        memcpy(&pair, a[i].q + b * 32 + 2 * p, 4);
+                        dot[i] = madd_acc(dot[i], wq, _mm256_set1_epi32(pair));
+                    }
+                }
+                for (int i = 0; i < rows; i++)
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(d, _mm256_set1_ps(a[i].dx[b])), acc[i]);
+            }
+            for (int i = 0; i < rows; i++) _mm256_storeu_ps(y + (i0 + i) * ldy + 8 * h, acc[i]);
+        }
+#elif EDGELLM_NEON
+    /* 4 rows a pass (bytes 8c.. of each k-pair); two k-pairs zipped give each row's 4 consecutive
+       k's in a 32-bit lane, for sdot with the activation's two signed bytes (q = 256 hi + lo) */
+    for (int c = 0; c < 4; c++) {
+        float32x4_t acc[R16_MAX_M];
+        for (int i = 0; i < m; i++) acc[i] = vdupq_n_f32(0.f);
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * R16_BLOCK;
+            if (c == 0) r16_prefetch(blk);
+            float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(blk + 8 * c)));
+            int32x4_t hi[R16_MAX_M], lo[R16_MAX_M];
+            for (int i = 0; i < m; i++) hi[i] = lo[i] = vdupq_n_s32(0);
+            for (int p = 0; p < 16; p += 2) {
+                uint16x4_t a = vreinterpret_u16_u8(vld1_u8(blk + 32 + 32 * p + 8 * c));
+                uint16x4_t e = vreinterpret_u16_u8(vld1_u8(blk + 32 + 32 * (p + 1) + 8 * c));
+                int8x16_t wq = vreinterpretq_s8_u16(vcombine_u16(vzip1_u16(a, e), vzip2_u16(a, e)));
+                for (int i = 0; i < m; i++) {
+                    int32_t xh, xl;
+                    memcpy(&xh, act[i].hi + b * 32 + 2 * p, 4);
+                    memcpy(&xl, act[i].lo + b * 32 + 2 * p, 4);
+                    hi[i] = vdotq_s32(hi[i], wq, vreinterpretq_s8_s32(vdupq_n_s32(xh)));
+                    lo[i] = vdotq_s32(lo[i], wq, vreinterpretq_s8_s32(vdupq_n_s32(xl)));
+                }
+            }
+            for (int i = 0; i < m; i++) {
+                float32x4_t dot = vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(hi[i], 8), lo[i]));
+                acc[i] = vfmaq_f32(acc[i], dot, vmulq_n_f32(d, act[i].dx[b]));
+            }
+        }
+        for (int i = 0; i < m; i++) vst1q_f32(y + i * ldy + 4 * c, acc[i]);
+    }
+#else
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < R16; j++) {
+            float acc = 0.f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = w + b * R16_BLOCK;
+                int32_t dot = 0;
+                for (int p = 0; p < 16; p++)
+                    dot += r16_q(blk, j, p, 0) * act[i].q[b * 32 + 2 * p] + r16_q(blk, j, p, 1) * act[i].q[b * 32 + 2 * p + 1];
+                float d = f16_to_f32((uint16_t)(blk[2 * j] | blk[2 * j + 1] << 8));
+                acc = fmaf((float)dot, d * act[i].dx[b], acc);
+            }
+            y[i * ldy + j] = acc;
+        }
+#endif
+}
+
+/* y[i][0..n) (row i at y + i * ldy) = x[m][k] @ W^T for W (n, k) in Q8R16, m <= 8; `work` holds
+   edgellm_block_gemv_work(m, k) bytes. */
+void edgellm_q8r16_gemv(const float *x, int m, int64_t k, const uint8_t *packed, int64_t n, float *y, int64_t ldy,
+                        void *work, int threads) {
+    Act act[R16_MAX_M];
+    for (int i = 0; i < m; i++) act[i] = quantize_act(x + i * k, k, 32, (uint8_t *)work + i * act_bytes(k, 32));
+    int64_t nb = k / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t g = 0; g < n / R16; g++) {
+        const uint8_t *w = packed + g * nb * R16_BLOCK;
+        float *out = y + g * R16;
+        switch (m) {  /* a constant m keeps the accumulators in registers */
+        case 1: r16_group(w, nb, 1, act, out, ldy); break;
+        case 2: r16_group(w, nb, 2, act, out, ldy); break;
+        case 4: r16_group(w, nb, 4, act, out, ldy); break;
+        default: r16_group(w, nb, m, act, out, ldy);
+        }
+    }
+}
