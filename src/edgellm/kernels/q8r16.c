@@ -70,6 +70,33 @@ static inline void r16_prefetch(const uint8_t *block) {
     for (int line = 0; line < R16_BLOCK; line += 64) __builtin_prefetch(block + R16_PREFETCH + line);
 }
 
+#if EDGELLM_AVX2
+/* y[i][8 h .. 8 h + 8) for `rows` (<= 4) activation rows: rows 8h.. of a group are bytes 16h.. of
+   each k-pair. */
+ALWAYS_INLINE void r16_half(const uint8_t *w, int64_t nb, int h, int rows, const Act *a, float *y, int64_t ldy) {
+    __m256 acc[4];
+    for (int i = 0; i < rows; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * R16_BLOCK;
+        if (h == 0) r16_prefetch(blk);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+        __m256i dot[4];
+        for (int i = 0; i < rows; i++) dot[i] = _mm256_setzero_si256();
+        for (int p = 0; p < 16; p++) {
+            __m256i wq = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * p + 16 * h)));
+            for (int i = 0; i < rows; i++) {
+                int32_t pair;
+                memcpy(&pair, a[i].q + b * 32 + 2 * p, 4);
+                dot[i] = madd_acc(dot[i], wq, _mm256_set1_epi32(pair));
+            }
+        }
+        for (int i = 0; i < rows; i++)
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(d, _mm256_set1_ps(a[i].dx[b])), acc[i]);
+    }
+    for (int i = 0; i < rows; i++) _mm256_storeu_ps(y + i * ldy + 8 * h, acc[i]);
+}
+#endif
+
 /* y[i][16 g .. 16 g + 16) for the m activation rows, from one group's nb blocks. */
 ALWAYS_INLINE void r16_group(const uint8_t *w, int64_t nb, int m, const Act *act, float *y, int64_t ldy) {
 #if EDGELLM_AVX512
@@ -95,30 +122,13 @@ ALWAYS_INLINE void r16_group(const uint8_t *w, int64_t nb, int m, const Act *act
 #elif EDGELLM_AVX2
     /* 8 rows a pass (bytes 16h.. of each k-pair), 4 activation rows at a time: 16 registers */
     for (int h = 0; h < 2; h++)
-        for (int i0 = 0; i0 < m; i0 += 4) {
-            int rows = m - i0 < 4 ? m - i0 : 4;
-            const Act *a = act + i0;
-            __m256 acc[4];
-            for (int i = 0; i < rows; i++) acc[i] = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = w + b * R16_BLOCK;
-                if (h == 0 && i0 == 0) r16_prefetch(blk);
-                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-                __m256i dot[4];
-                for (int i = 0; i < rows; i++) dot[i] = _mm256_setzero_si256();
-                for (int p = 0; p < 16; p++) {
-                    __m256i wq = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * p + 16 * h)));
-                    for (int i = 0; i < rows; i++) {
-                        int32_t pair;
-                        memcpy(&pair, a[i].q + b * 32 + 2 * p, 4);
-                        dot[i] = madd_acc(dot[i], wq, _mm256_set1_epi32(pair));
-                    }
-                }
-                for (int i = 0; i < rows; i++)
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(d, _mm256_set1_ps(a[i].dx[b])), acc[i]);
+        for (int i0 = 0; i0 < m; i0 += 4)
+            switch (m - i0 < 4 ? m - i0 : 4) {  /* each tile a constant size: its accumulators in registers */
+            case 1: r16_half(w, nb, h, 1, act + i0, y + i0 * ldy, ldy); break;
+            case 2: r16_half(w, nb, h, 2, act + i0, y + i0 * ldy, ldy); break;
+            case 3: r16_half(w, nb, h, 3, act + i0, y + i0 * ldy, ldy); break;
+            default: r16_half(w, nb, h, 4, act + i0, y + i0 * ldy, ldy);
             }
-            for (int i = 0; i < rows; i++) _mm256_storeu_ps(y + (i0 + i) * ldy + 8 * h, acc[i]);
-        }
 #elif EDGELLM_NEON
     /* 4 rows a pass (bytes 8c.. of each k-pair); two k-pairs zipped give each row's 4 consecutive
        k's in a 32-bit lane, for sdot with the activation's two signed bytes (q = 256 hi + lo) */
@@ -182,6 +192,7 @@ void edgellm_q8r16_gemv(const float *x, int m, int64_t k, const uint8_t *packed,
         case 1: r16_group(w, nb, 1, act, out, ldy); break;
         case 2: r16_group(w, nb, 2, act, out, ldy); break;
         case 4: r16_group(w, nb, 4, act, out, ldy); break;
+        case 8: r16_group(w, nb, 8, act, out, ldy); break;
         default: r16_group(w, nb, m, act, out, ldy);
         }
     }
