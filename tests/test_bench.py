@@ -97,7 +97,7 @@ def test_bench_architectures_times_each_family_per_weight_byte_against_llama():
         assert row["decode_per_byte_vs_llama"] > 0
 
 
-def test_bench_speculative_compares_each_prompt_against_plain_decoding(smollm2_path):
+def test_bench_speculative_compares_each_prompt_against_plain_decoding(smollm2_path, tmp_path):
     import edgellm
     from edgellm.bench.speculative import _compare, format_speculative
 
@@ -111,3 +111,7 @@ def test_bench_speculative_compares_each_prompt_against_plain_decoding(smollm2_p
                                 "workloads": {"lookup": result, "self": result | {"early_exit_agreement": {15: 0.1},
                                                                                   "layers": 30}}})
     assert "geometric mean" in table and "15/30 layers 10%" in table
+    from edgellm.bench.speculative import plot_speculative
+
+    png = plot_speculative({"model": "m", "gen_tokens": 24, "workloads": {"lookup": result}}, tmp_path / "spec.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -119,3 +119,34 @@ def format_speculative(report: dict) -> str:
         lines.append("self: early exit agrees with the whole model at " + ", ".join(
             f"{n}/{report['workloads']['self']['layers']} layers {a:.0%}" for n, a in sorted(agreement.items())))
     return "\n".join(lines)
+
+
+def plot_speculative(report: dict, path: str | Path) -> Path:
+    """PNG: each drafter's speedup over plain decoding per prompt (bars), its share of guesses
+    kept and tokens per target pass in the labels; the dashed line is plain decoding."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = report["workloads"]
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    x = 0
+    ticks, labels = [], []
+    for kind, w in workloads.items():
+        speedups = [p["speedup"] for p in w["prompts"]]
+        xs = [x + i for i in range(len(speedups))]
+        ax.bar(xs, speedups, label=f"{kind}: {w['acceptance_rate']:.0%} kept, {w['tokens_per_pass']:.2f} tokens/pass")
+        ticks += xs
+        labels += [f"{kind}\n{i + 1}" for i in range(len(speedups))]
+        x += len(speedups) + 1
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(ticks, labels, fontsize=7)
+    ax.set(title=f"speculative decoding, {report['model']} ({report['gen_tokens']} tokens, greedy)",
+           ylabel="decode tok/s vs plain")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

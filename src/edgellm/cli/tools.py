@@ -63,6 +63,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         report = speculative_report(models[0], gen_tokens=args.gen_tokens, repeat=args.repeat,
                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+        if args.plot:
+            from edgellm.bench.speculative import plot_speculative
+
+            print(f"plot written to {plot_speculative(report, args.plot)}", file=sys.stderr)
         print(json.dumps(report, indent=2) if args.json else format_speculative(report))
         return 0
     if args.lora:
