@@ -70,111 +70,103 @@ static inline void r16_prefetch(const uint8_t *block) {
     for (int line = 0; line < R16_BLOCK; line += 64) __builtin_prefetch(block + R16_PREFETCH + line);
 }
 
-#if EDGELLM_AVX2
-/* y[i][8 h .. 8 h + 8) for `rows` (<= 4) activation rows: rows 8h.. of a group are bytes 16h.. of
-   each k-pair. */
-ALWAYS_INLINE void r16_half(const uint8_t *w, int64_t nb, int h, int rows, const Act *a, float *y, int64_t ldy) {
-    __m256 acc[4];
-    for (int i = 0; i < rows; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * R16_BLOCK;
-        if (h == 0) r16_prefetch(blk);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
-        __m256i dot[4];
-        for (int i = 0; i < rows; i++) dot[i] = _mm256_setzero_si256();
-        for (int p = 0; p < 16; p++) {
-            __m256i wq = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * p + 16 * h)));
-            for (int i = 0; i < rows; i++) {
-                int32_t pair;
-                memcpy(&pair, a[i].q + b * 32 + 2 * p, 4);
-                dot[i] = madd_acc(dot[i], wq, _mm256_set1_epi32(pair));
-            }
-        }
-        for (int i = 0; i < rows; i++)
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(d, _mm256_set1_ps(a[i].dx[b])), acc[i]);
-    }
-    for (int i = 0; i < rows; i++) _mm256_storeu_ps(y + i * ldy + 8 * h, acc[i]);
-}
+/* Activation rows a pass keeps accumulators for (in registers where the ISA has them). */
+#if EDGELLM_AVX512
+#define R16_TILE 8
+#elif EDGELLM_AVX2 || EDGELLM_NEON
+#define R16_TILE 4
+#else
+#define R16_TILE 8
 #endif
 
-/* y[i][16 g .. 16 g + 16) for the m activation rows, from one group's nb blocks. */
-ALWAYS_INLINE void r16_group(const uint8_t *w, int64_t nb, int m, const Act *act, float *y, int64_t ldy) {
+/* dot[i] (lane l: row r0 + l of the group) = the exact int32 dot product of one block's 32 weights
+   with activation row i's block b, for `rows` activation rows; each k-pair of the VL rows is
+   widened once for all of them. */
+ALWAYS_INLINE void r16_block_dots(const uint8_t *blk, int r0, int rows, const Act *a, int64_t b, vi *dot) {
+    for (int i = 0; i < rows; i++) dot[i] = vi_zero();
+#if EDGELLM_AVX512 || EDGELLM_AVX2
+#pragma GCC unroll 16  /* else GCC keeps the k-pairs a loop for 8 rows and copies every accumulator each turn */
+    for (int p = 0; p < 16; p++) {  /* lane l: row r0 + l's (q[2p], q[2p + 1]) as int16 */
+        const uint8_t *pairs = blk + 32 + 32 * p + 2 * r0;
 #if EDGELLM_AVX512
-    __m512 acc[R16_MAX_M];
-    for (int i = 0; i < m; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += R16_BLOCK) {
-        r16_prefetch(w);
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w));
-        __m512i dot[R16_MAX_M];
-        for (int i = 0; i < m; i++) dot[i] = _mm512_setzero_si512();
-        for (int p = 0; p < 16; p++) {  /* lane j: row j's (q[2p], q[2p + 1]) */
-            __m512i wq = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 32 + 32 * p)));
-            for (int i = 0; i < m; i++) {
-                int32_t pair;
-                memcpy(&pair, act[i].q + b * 32 + 2 * p, 4);
-                dot[i] = _mm512_dpwssd_epi32(dot[i], wq, _mm512_set1_epi32(pair));
-            }
-        }
-        for (int i = 0; i < m; i++)
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(d, _mm512_set1_ps(act[i].dx[b])), acc[i]);
-    }
-    for (int i = 0; i < m; i++) _mm512_storeu_ps(y + i * ldy, acc[i]);
-#elif EDGELLM_AVX2
-    /* 8 rows a pass (bytes 16h.. of each k-pair), 4 activation rows at a time: 16 registers */
-    for (int h = 0; h < 2; h++)
-        for (int i0 = 0; i0 < m; i0 += 4)
-            switch (m - i0 < 4 ? m - i0 : 4) {  /* each tile a constant size: its accumulators in registers */
-            case 1: r16_half(w, nb, h, 1, act + i0, y + i0 * ldy, ldy); break;
-            case 2: r16_half(w, nb, h, 2, act + i0, y + i0 * ldy, ldy); break;
-            case 3: r16_half(w, nb, h, 3, act + i0, y + i0 * ldy, ldy); break;
-            default: r16_half(w, nb, h, 4, act + i0, y + i0 * ldy, ldy);
-            }
-#elif EDGELLM_NEON
-    /* 4 rows a pass (bytes 8c.. of each k-pair); two k-pairs zipped give each row's 4 consecutive
-       k's in a 32-bit lane, for sdot with the activation's two signed bytes (q = 256 hi + lo) */
-    for (int c = 0; c < 4; c++) {
-        float32x4_t acc[R16_MAX_M];
-        for (int i = 0; i < m; i++) acc[i] = vdupq_n_f32(0.f);
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + b * R16_BLOCK;
-            if (c == 0) r16_prefetch(blk);
-            float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(blk + 8 * c)));
-            int32x4_t hi[R16_MAX_M], lo[R16_MAX_M];
-            for (int i = 0; i < m; i++) hi[i] = lo[i] = vdupq_n_s32(0);
-            for (int p = 0; p < 16; p += 2) {
-                uint16x4_t a = vreinterpret_u16_u8(vld1_u8(blk + 32 + 32 * p + 8 * c));
-                uint16x4_t e = vreinterpret_u16_u8(vld1_u8(blk + 32 + 32 * (p + 1) + 8 * c));
-                int8x16_t wq = vreinterpretq_s8_u16(vcombine_u16(vzip1_u16(a, e), vzip2_u16(a, e)));
-                for (int i = 0; i < m; i++) {
-                    int32_t xh, xl;
-                    memcpy(&xh, act[i].hi + b * 32 + 2 * p, 4);
-                    memcpy(&xl, act[i].lo + b * 32 + 2 * p, 4);
-                    hi[i] = vdotq_s32(hi[i], wq, vreinterpretq_s8_s32(vdupq_n_s32(xh)));
-                    lo[i] = vdotq_s32(lo[i], wq, vreinterpretq_s8_s32(vdupq_n_s32(xl)));
-                }
-            }
-            for (int i = 0; i < m; i++) {
-                float32x4_t dot = vcvtq_f32_s32(vaddq_s32(vshlq_n_s32(hi[i], 8), lo[i]));
-                acc[i] = vfmaq_f32(acc[i], dot, vmulq_n_f32(d, act[i].dx[b]));
-            }
-        }
-        for (int i = 0; i < m; i++) vst1q_f32(y + i * ldy + 4 * c, acc[i]);
-    }
+        __m512i wq = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)pairs));
 #else
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < R16; j++) {
-            float acc = 0.f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = w + b * R16_BLOCK;
-                int32_t dot = 0;
-                for (int p = 0; p < 16; p++)
-                    dot += r16_q(blk, j, p, 0) * act[i].q[b * 32 + 2 * p] + r16_q(blk, j, p, 1) * act[i].q[b * 32 + 2 * p + 1];
-                float d = f16_to_f32((uint16_t)(blk[2 * j] | blk[2 * j + 1] << 8));
-                acc = fmaf((float)dot, d * act[i].dx[b], acc);
-            }
-            y[i * ldy + j] = acc;
-        }
+        __m256i wq = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)pairs));
 #endif
+        for (int i = 0; i < rows; i++) {
+            int32_t pair;
+            memcpy(&pair, a[i].q + b * 32 + 2 * p, 4);
+#if EDGELLM_AVX512
+            dot[i] = _mm512_dpwssd_epi32(dot[i], wq, _mm512_set1_epi32(pair));
+#else
+            dot[i] = madd_acc(dot[i], wq, _mm256_set1_epi32(pair));
+#endif
+        }
+    }
+#elif EDGELLM_NEON
+    /* two k-pairs zipped: each row's 4 consecutive k's in a 32-bit lane, for sdot with the
+       activation's two signed bytes (q = 256 hi + lo) */
+    int32x4_t hi[R16_TILE], lo[R16_TILE];
+    for (int i = 0; i < rows; i++) hi[i] = lo[i] = vdupq_n_s32(0);
+    for (int p = 0; p < 16; p += 2) {
+        uint16x4_t u = vreinterpret_u16_u8(vld1_u8(blk + 32 + 32 * p + 2 * r0));
+        uint16x4_t v = vreinterpret_u16_u8(vld1_u8(blk + 32 + 32 * (p + 1) + 2 * r0));
+        int8x16_t wq = vreinterpretq_s8_u16(vcombine_u16(vzip1_u16(u, v), vzip2_u16(u, v)));
+        for (int i = 0; i < rows; i++) {
+            int32_t xh, xl;
+            memcpy(&xh, a[i].hi + b * 32 + 2 * p, 4);
+            memcpy(&xl, a[i].lo + b * 32 + 2 * p, 4);
+            hi[i] = vdotq_s32(hi[i], wq, vreinterpretq_s8_s32(vdupq_n_s32(xh)));
+            lo[i] = vdotq_s32(lo[i], wq, vreinterpretq_s8_s32(vdupq_n_s32(xl)));
+        }
+    }
+    for (int i = 0; i < rows; i++) dot[i] = vaddq_s32(vshlq_n_s32(hi[i], 8), lo[i]);
+#else
+    for (int p = 0; p < 16; p++)
+        for (int i = 0; i < rows; i++)
+            dot[i] += r16_q(blk, r0, p, 0) * a[i].q[b * 32 + 2 * p] + r16_q(blk, r0, p, 1) * a[i].q[b * 32 + 2 * p + 1];
+#endif
+}
+
+/* a * b + c rounded once in every variant (the scalar one's plain expression need not be fused) */
+static inline vf r16_fma(vf a, vf b, vf c) {
+#if EDGELLM_SCALAR
+    return fmaf(a, b, c);
+#else
+    return vf_fma(a, b, c);
+#endif
+}
+
+/* y[i][r0 .. r0 + VL) for `rows` activation rows, over a group's nb blocks. */
+ALWAYS_INLINE void r16_pass(const uint8_t *w, int64_t nb, int r0, int rows, const Act *a, float *y, int64_t ldy,
+                            int first) {
+    vf acc[R16_TILE];
+    for (int i = 0; i < rows; i++) acc[i] = vf_zero();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * R16_BLOCK;
+        if (first) r16_prefetch(blk);  /* the group's first pass: later ones find the lines in cache */
+        vf d = vf_load_f16((const uint16_t *)blk + r0);
+        vi dot[R16_TILE];
+        r16_block_dots(blk, r0, rows, a, b, dot);
+        for (int i = 0; i < rows; i++) acc[i] = r16_fma(vf_from_vi(dot[i]), vf_mul(d, vf_set1(a[i].dx[b])), acc[i]);
+    }
+    for (int i = 0; i < rows; i++) vf_store(y + i * ldy + r0, acc[i]);
+}
+
+/* y[i][16 g .. 16 g + 16) for the m activation rows, from one group's nb blocks: VL rows a pass,
+   R16_TILE activation rows at a time, each tile a constant size (its accumulators in registers). */
+ALWAYS_INLINE void r16_group(const uint8_t *w, int64_t nb, int m, const Act *act, float *y, int64_t ldy) {
+    for (int r0 = 0; r0 < R16; r0 += VL)
+        for (int i0 = 0; i0 < m; i0 += R16_TILE) {
+            const Act *a = act + i0;
+            float *out = y + i0 * ldy;
+            int first = r0 == 0 && i0 == 0;
+            switch (m - i0 < R16_TILE ? m - i0 : R16_TILE) {
+#define R16_CASE(n) case n: if (R16_TILE >= n) r16_pass(w, nb, r0, n, a, out, ldy, first); break;
+            R16_CASE(1) R16_CASE(2) R16_CASE(3) R16_CASE(4) R16_CASE(5) R16_CASE(6) R16_CASE(7) R16_CASE(8)
+#undef R16_CASE
+            }
+        }
 }
 
 /* y[i][0..n) (row i at y + i * ldy) = x[m][k] @ W^T for W (n, k) in Q8R16, m <= 8; `work` holds
