@@ -116,7 +116,6 @@ class Weights:
         if weight is not None:
             return QuantizedEmbedding(weight)
         raw, ggml_type, shape = self._part(name)
-        parts = getattr(tied_head, "parts", None)
-        if isinstance(tied_head, BlockLinear) and len(parts) == 1 and parts[0].type == kernels.Q8R16:
-            return BlockEmbedding(parts[0].rows, parts[0].type, shape)
+        if isinstance(tied_head, BlockLinear) and tied_head.types == [kernels.Q8R16]:
+            return BlockEmbedding(tied_head.parts[0].rows, kernels.Q8R16, shape)
         return BlockEmbedding(raw, ggml_type, shape)

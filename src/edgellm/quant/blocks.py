@@ -41,6 +41,9 @@ class BlockPart(NamedTuple):
     scale: torch.Tensor | None  # I8 only: (N,) bf16 per-row scales
 
 
+INTERLEAVE_CHUNK = 4096  # rows converted to Q8R16 at a time, their file pages dropped after each
+
+
 def _held(rows: torch.Tensor, ggml_type: int, k: int, drop_source) -> BlockPart:
     """A part as the kernels read it best: Q5_0 widened to Q8_0 where that pays (widens_q5_0),
     Q8_0 interleaved into Q8R16."""
@@ -56,8 +59,6 @@ def _held(rows: torch.Tensor, ggml_type: int, k: int, drop_source) -> BlockPart:
             drop_source(chunk)
     return BlockPart(out, kernels.Q8R16, None)
 
-
-INTERLEAVE_CHUNK = 4096  # rows converted to Q8R16 at a time, their file pages dropped after each
 
 
 class BlockLinear(nn.Module):
