@@ -105,25 +105,23 @@ static void i4_dots_batch(const uint8_t *w, int64_t group, int m, const Act *act
 ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
                            int32_t dots[][I4_ROWS]) {
 #if EDGELLM_AVX512
+    /* Bytes of k and k + 1 interleaved (vpunpck{l,h}bw) and widened to words: lane j of
+       chunk r holds (byte of k, byte of k + 1) of one row position; the low nibbles are rows
+       0-31, the high ones 32-63. 10 instructions unpack a pair of k's of 64 rows (22 widening
+       each nibble to a dword did: a batch of 4 spent as long unpacking as multiplying).
+       Rows per chunk: 0 {0-7, 16-23}, 1 {8-15, 24-31}, 2 and 3 the same + 32 (the stores below). */
     __m512i acc[I4_TILE][4];
     for (int i = 0; i < m; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_si512();
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m512i low4 = _mm512_set1_epi16(0x0F);
     for (int64_t kk = 0; kk < group; kk += 2) {
         __m256i a = _mm256_loadu_si256((const __m256i *)(w + kk * 32));
         __m256i b = _mm256_loadu_si256((const __m256i *)(w + (kk + 1) * 32));
-        __m256i a_lo = _mm256_and_si256(a, low4), a_hi = _mm256_and_si256(_mm256_srli_epi16(a, 4), low4);
-        __m256i b_lo = _mm256_and_si256(b, low4), b_hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
-        /* lane j of chunk r: row r*16 + j, low half q[.][k], high half q[.][k+1] */
-        __m512i wq[4];
-        wq[0] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(a_lo)),
-                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b_lo)), 16));
-        wq[1] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(a_lo, 1)),
-                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b_lo, 1)), 16));
-        wq[2] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(a_hi)),
-                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b_hi)), 16));
-        wq[3] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(a_hi, 1)),
-                                _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b_hi, 1)), 16));
+        __m512i lo = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(a, b));
+        __m512i hi = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(a, b));
+        __m512i wq[4] = {_mm512_and_si512(lo, low4), _mm512_and_si512(hi, low4),
+                         _mm512_and_si512(_mm512_srli_epi16(lo, 4), low4),
+                         _mm512_and_si512(_mm512_srli_epi16(hi, 4), low4)};
         for (int i = 0; i < m; i++) {
             int32_t pair;
             memcpy(&pair, act[i].q + ka0 + kk, 4);
@@ -132,7 +130,11 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
         }
     }
     for (int i = 0; i < m; i++)
-        for (int r = 0; r < 4; r++) _mm512_storeu_si512((void *)(dots[i] + r * 16), acc[i][r]);
+        for (int r = 0; r < 4; r++) {
+            int first = (r >> 1) * 32 + (r & 1) * 8;  /* chunk r: rows first.. + 8, first + 16.. + 8 */
+            _mm256_storeu_si256((__m256i *)(dots[i] + first), _mm512_castsi512_si256(acc[i][r]));
+            _mm256_storeu_si256((__m256i *)(dots[i] + first + 16), _mm512_extracti64x4_epi64(acc[i][r], 1));
+        }
 #elif EDGELLM_AVX2
     if (m > 1) {
         i4_dots_batch(w, group, m, act, ka0, dots);
