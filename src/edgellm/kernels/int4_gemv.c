@@ -14,7 +14,7 @@
 #define MAX_M 8
 /* Bytes ahead to prefetch (the blocks a thread reads are contiguous): one core alone keeps too few
    lines in flight to stream at the memory's speed (SmolLM2 decode +10-20 % at 6 KB, measured) */
-#define PREFETCH_BYTES 6144
+#define PREFETCH_BYTES 2048
 
 /* y rows [nb*64, nb*64 + 64) += the block's product with m <= I4_TILE activation rows. */
 ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw, int64_t group,

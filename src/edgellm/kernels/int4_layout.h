@@ -126,7 +126,7 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
             int32_t pair;
             memcpy(&pair, act[i].q + ka0 + kk, 4);
             __m512i xp = _mm512_set1_epi32(pair);
-            for (int r = 0; r < 4; r++) acc[i][r] = _mm512_dpwssd_epi32(acc[i][r], wq[r], xp);
+            for (int r = 0; r < 4; r++) acc[i][r] = dpwssd512(acc[i][r], wq[r], xp);
         }
     }
     for (int i = 0; i < m; i++)

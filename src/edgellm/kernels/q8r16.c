@@ -97,7 +97,7 @@ ALWAYS_INLINE void r16_block_dots(const uint8_t *blk, int r0, int rows, const Ac
             int32_t pair;
             memcpy(&pair, a[i].q + b * 32 + 2 * p, 4);
 #if EDGELLM_AVX512
-            dot[i] = _mm512_dpwssd_epi32(dot[i], wq, _mm512_set1_epi32(pair));
+            dot[i] = dpwssd512(dot[i], wq, _mm512_set1_epi32(pair));
 #else
             dot[i] = madd_acc(dot[i], wq, _mm256_set1_epi32(pair));
 #endif
