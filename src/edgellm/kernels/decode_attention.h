@@ -13,6 +13,7 @@
 
 #define ATT_CHUNK 256  /* keys per work item at most */
 #define ATT_MAX_THREADS 64  /* attend_floats' bound */
+#define ATT_MAX_ROWS 8      /* rows per attend_rows call: a decode step's sequences */
 
 /* Whether slot t holds a position the query at `pos` sees. */
 static inline int visible(const KVSlots *c, int64_t t, int64_t pos) {
@@ -70,9 +71,13 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
    softcap > 0, -inf where not visible. */
 ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const float *q, int group, int64_t d,
                                 float scale, float softcap, int64_t t0, int64_t t1, int64_t pos, float *sc) {
+    kv_prefetch(&c->pages[t0 / c->page_tokens].k, page_row0(c, g, t0) + t0, page_end(c, t0, t1) - t0, d);
     for (int64_t a = t0, b; a < t1; a = b) {
         b = page_end(c, a, t1);
         const KVStore *k = &c->pages[a / c->page_tokens].k;
+        /* this page's values (read next, by chunk_values) and the next page's keys, while this one's are scored */
+        kv_prefetch(&c->pages[a / c->page_tokens].v, page_row0(c, g, a) + a, b - a, d);
+        if (b < t1) kv_prefetch(&c->pages[b / c->page_tokens].k, page_row0(c, g, b) + b, page_end(c, b, t1) - b, d);
         for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS)
             head_scores(k, codec, page_row0(c, g, a), q, h0, group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS,
                         d, scale, a, b, sc + a - t0, t1 - t0);
@@ -125,8 +130,11 @@ ALWAYS_INLINE void chunk_values(const KVSlots *c, int codec, int64_t g, const fl
 /* In place over one head's scores s[0..len): e^(s - max), masked keys exactly 0; returns the max
    (0 when nothing is visible) and the sum in *total. */
 static inline float chunk_softmax(float *s, int64_t len, float *total) {
-    float m = -INFINITY;
-    for (int64_t t = 0; t < len; t++) m = s[t] > m ? s[t] : m;
+    vf vmax = vf_set1(-INFINITY);
+    int64_t j = 0;
+    for (; j + VL <= len; j += VL) vmax = vf_max(vmax, vf_load(s + j));
+    float m = vf_hmax(vmax);
+    for (; j < len; j++) m = s[j] > m ? s[j] : m;
     if (m == -INFINITY) m = 0.f;
     vf sum = vf_zero();
     int64_t t = 0;
@@ -151,55 +159,85 @@ static inline float chunk_softmax(float *s, int64_t len, float *total) {
     default: call_with(KV_F32);                                         \
     }
 
-/* Floats of scratch attend() needs for n_heads query heads over up to max_len slots. */
-static inline int64_t attend_floats(int64_t n_heads, int64_t d, int64_t max_len, int threads) {
-    int64_t chunks = (max_len + ATT_CHUNK - 1) / ATT_CHUNK + threads;
-    return n_heads * chunks * (ATT_CHUNK + d + 2);
+/* out = head h's attention from its KV head's `chunks` partials (attend_rows' item layout). */
+static inline void merge_chunks(const float *partial, int64_t chunks, int64_t size, int group, int64_t d, int64_t h,
+                                float *out) {
+    int64_t g = h / group, hg = h % group;
+    float best = -INFINITY, total = 0.f;
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        const float *m = partial + (g * chunks + ch) * size + group * d;
+        if (m[group + hg] > 0.f && m[hg] > best) best = m[hg];
+    }
+    for (int64_t i = 0; i < d; i += VL) vf_store(out + i, vf_zero());
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        const float *o = partial + (g * chunks + ch) * size, *m = o + group * d;
+        if (m[group + hg] <= 0.f) continue;
+        float w = expf(m[hg] - best);
+        total += w * m[group + hg];
+        for (int64_t i = 0; i < d; i += VL) vf_store(out + i, vf_fma(vf_set1(w), vf_load(o + hg * d + i), vf_load(out + i)));
+    }
+    vf inv = vf_set1(total > 0.f ? 1.f / total : 0.f);
+    for (int64_t i = 0; i < d; i += VL) vf_store(out + i, vf_mul(vf_load(out + i), inv));
 }
 
-/* out (n_heads x d) = attention of one query per head over the visible slots of its KV head.
-   scratch holds attend_floats(...) floats. */
-static inline void attend(const KVSlots *c, const float *q, int64_t n_heads, int64_t n_kv, int64_t d, float scale,
-                          float softcap, int64_t slots, int64_t pos, float *scratch, float *out, int threads) {
+/* Floats of scratch attend_rows() needs for m rows of n_heads query heads (n_kv KV heads) over up to
+   max_len slots each. */
+static inline int64_t attend_floats(int64_t n_heads, int64_t n_kv, int64_t d, int64_t max_len, int m, int threads) {
+    int64_t chunks = (max_len + ATT_CHUNK - 1) / ATT_CHUNK + threads;
+    return m * n_heads * chunks * (ATT_CHUNK + d + 2);
+}
+
+/* One row's share of attend_rows' items. */
+typedef struct {
+    int64_t chunks, first, per, scores;  /* first: its first item; scores: where that item's scores start */
+} RowItems;
+
+/* out[i] (n_heads x d, rows out_stride apart) = attention of row i's query (one per head; rows
+   q_stride apart) over the first slots[i] slots of its cache caches[i], for m rows of distinct
+   caches: every row's (KV head, key chunk) items in one parallel loop — one region a layer, not
+   one per sequence each with SmolLM2's 3 KV heads split 2:1 over two threads. Each row's chunks
+   are what they would be alone, so its floats do not depend on its batch. scratch holds
+   attend_floats(...) floats. */
+static inline void attend_rows(const KVSlots *caches, const float *q, int64_t q_stride, int m, int64_t n_heads,
+                               int64_t n_kv, int64_t d, float scale, float softcap, const int64_t *slots,
+                               const int64_t *pos, float *scratch, float *out, int64_t out_stride, int threads) {
     int group = (int)(n_heads / n_kv);
     threads = threads < ATT_MAX_THREADS ? threads : ATT_MAX_THREADS;
-    int64_t chunks = (slots + ATT_CHUNK - 1) / ATT_CHUNK;
-    if (chunks * n_kv < threads) chunks = (threads + n_kv - 1) / n_kv;  /* at least one item per thread */
-    if (chunks > slots) chunks = slots;
-    int64_t per = (slots + chunks - 1) / chunks, items = n_kv * chunks, size = group * (d + 2);
+    RowItems rows[ATT_MAX_ROWS];
+    int64_t items = 0, size = group * (d + 2), scores = 0;
+    for (int i = 0; i < m; i++) {
+        int64_t chunks = (slots[i] + ATT_CHUNK - 1) / ATT_CHUNK;
+        if (chunks * n_kv < threads) chunks = (threads + n_kv - 1) / n_kv;  /* at least one item per thread */
+        if (chunks > slots[i]) chunks = slots[i];
+        RowItems r = {chunks, items, (slots[i] + chunks - 1) / chunks, scores};
+        rows[i] = r;
+        items += n_kv * chunks;
+        scores += n_kv * chunks * group * r.per;
+    }
     float *partial = scratch;                    /* per item: o (group x d), then m (group), l (group) */
-    float *scores = partial + items * size;      /* per item: group x per */
+    float *score_base = partial + items * size;  /* per item: group x per */
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t it = 0; it < items; it++) {
-            int64_t g = it / chunks, t0 = (it % chunks) * per, t1 = t0 + per < slots ? t0 + per : slots;
-            float *sc = scores + it * group * per, *o = partial + it * size, *m = o + group * d, *l = m + group;
+            int i = 0;
+            while (i + 1 < m && rows[i + 1].first <= it) i++;
+            const RowItems *r = &rows[i];
+            const KVSlots *c = &caches[i];
+            int64_t local = it - r->first, g = local / r->chunks, t0 = (local % r->chunks) * r->per;
+            int64_t t1 = t0 + r->per < slots[i] ? t0 + r->per : slots[i];
+            float *sc = score_base + r->scores + local * group * r->per, *o = partial + it * size;
+            float *mx = o + group * d, *l = mx + group;
+            const float *qg = q + i * q_stride + g * group * d;
             if (t0 >= t1) {
-                for (int h = 0; h < group; h++) m[h] = 0.f, l[h] = 0.f;
+                for (int h = 0; h < group; h++) mx[h] = 0.f, l[h] = 0.f;
                 continue;
             }
-#define SCORES(codec) chunk_scores(c, codec, g, q + g * group * d, group, d, scale, softcap, t0, t1, pos, sc)
+#define SCORES(codec) chunk_scores(c, codec, g, qg, group, d, scale, softcap, t0, t1, pos[i], sc)
             BY_CODEC(c->pages[0].k.codec, SCORES)
-            for (int h = 0; h < group; h++) m[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
+            for (int h = 0; h < group; h++) mx[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
 #define VALUES(codec) chunk_values(c, codec, g, sc, group, d, t0, t1, o)
             BY_CODEC(c->pages[0].v.codec, VALUES)
         }
-    for (int64_t h = 0; h < n_heads; h++) {  /* merge each head's chunks */
-        int64_t g = h / group, hg = h % group;
-        float best = -INFINITY, total = 0.f;
-        for (int64_t ch = 0; ch < chunks; ch++) {
-            const float *m = partial + (g * chunks + ch) * size + group * d;
-            if (m[group + hg] > 0.f && m[hg] > best) best = m[hg];
-        }
-        float *oh = out + h * d;
-        for (int64_t i = 0; i < d; i += VL) vf_store(oh + i, vf_zero());
-        for (int64_t ch = 0; ch < chunks; ch++) {
-            const float *o = partial + (g * chunks + ch) * size, *m = o + group * d;
-            if (m[group + hg] <= 0.f) continue;
-            float w = expf(m[hg] - best);
-            total += w * m[group + hg];
-            for (int64_t i = 0; i < d; i += VL) vf_store(oh + i, vf_fma(vf_set1(w), vf_load(o + hg * d + i), vf_load(oh + i)));
-        }
-        vf inv = vf_set1(total > 0.f ? 1.f / total : 0.f);
-        for (int64_t i = 0; i < d; i += VL) vf_store(oh + i, vf_mul(vf_load(oh + i), inv));
-    }
+    for (int i = 0; i < m; i++)
+        for (int64_t h = 0; h < n_heads; h++)  /* merge each head's chunks */
+            merge_chunks(partial + rows[i].first * size, rows[i].chunks, size, group, d, h, out + i * out_stride + h * d);
 }

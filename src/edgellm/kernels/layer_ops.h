@@ -86,12 +86,22 @@ static inline void attention_in(const LayerDims *D, const float *x, const float 
    and project: B->proj = W_o attn (+ each row's LoRA). */
 static inline void attention_out(const LayerDims *D, const Projection *o, KVSlots *caches, const int64_t *pos, int m,
                                  const LoraLayer *const *lora, const LayerBuffers *B, void *work, int threads) {
-    int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d;
-    for (int i = 0; i < m; i++) {
-        const float *qkv = B->qkv + i * qkv_width(D);
-        int64_t slots = kv_write(&caches[i], qkv + qd, qkv + qd + kvd, D->n_kv, d, pos[i]);
-        attend(&caches[i], qkv, D->n_heads, D->n_kv, d, D->scale, D->softcap, slots, pos[i], B->scores, B->att + i * qd,
-               threads);
+    int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d, width = qkv_width(D), slots[ATT_MAX_ROWS];
+    /* Rows of one sequence come in order, each seeing the ones before it; a new key must not
+       overwrite a ring slot that an earlier row still sees. So waves of rows of distinct sequences:
+       each wave's keys written, then the wave attended in one call. */
+    for (int i0 = 0, i1; i0 < m; i0 = i1) {
+        for (i1 = i0 + 1; i1 < m && i1 - i0 < ATT_MAX_ROWS; i1++) {
+            int repeated = 0;
+            for (int j = i0; j < i1; j++) repeated |= caches[j].pages == caches[i1].pages;
+            if (repeated) break;
+        }
+        for (int i = i0; i < i1; i++) {
+            const float *qkv = B->qkv + i * width;
+            slots[i - i0] = kv_write(&caches[i], qkv + qd, qkv + qd + kvd, D->n_kv, d, pos[i]);
+        }
+        attend_rows(caches + i0, B->qkv + i0 * width, width, i1 - i0, D->n_heads, D->n_kv, d, D->scale, D->softcap,
+                    slots, pos + i0, B->scores, B->att + i0 * qd, qd, threads);
     }
     gemv(o, B->att, m, B->proj, D->hidden, work, threads);
     lora_add(lora, LORA_O, 1, &D->hidden, B->att, qd, m, B->proj, D->hidden, B->lora, threads);
