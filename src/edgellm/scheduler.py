@@ -159,10 +159,13 @@ class Step:
 @dataclass(frozen=True)
 class StepBudget:
     prefill_chunk: int = 512  # prompt tokens per step when nothing else is decoding
-    # While streams decode, a step carries at most this many tokens, theirs first, the rest a
-    # newcomer's prompt: the engine runs them as one native call, so the streams' inter-token
-    # gap grows to that call's time (bench --serving measures it), never to a whole prefill.
-    interleaved_tokens: int = 4
+    # While streams decode, a step carries their rows and this many tokens of a newcomer's prompt,
+    # within the `step_rows` one native call takes: the streams' inter-token gap grows to that
+    # call's time (bench --serving measures it), never to a whole prefill. A fixed share, not what
+    # the streams leave of a fixed total: with 3 streams decoding that left the 4th one prompt
+    # token a step (a 10-token prompt took 10 steps, and a burst of 4 requests 20 to ramp up).
+    interleaved_prompt: int = 3
+    step_rows: int = 8  # kernels.decode.MAX_SEQS
     # Where the engine cannot join them (no native decoder, another model or KV precision), a
     # chunk runs through the prompt path on its own, whose cost hardly depends on its size.
     separate_chunk: int = 64
@@ -180,7 +183,7 @@ def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget
         if not step.decode:
             chunk = budget.prefill_chunk
         elif joinable(step.decode, new):
-            chunk = max(1, budget.interleaved_tokens - len(step.decode))
+            chunk = max(1, min(budget.interleaved_prompt, budget.step_rows - len(step.decode)))
         else:
             chunk = budget.separate_chunk
         step.prefill.append((new, min(chunk, new.generation.prompt_left)))

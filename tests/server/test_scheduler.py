@@ -78,11 +78,13 @@ def _running(state: RequestState, prompt_left: int = 0) -> RunningRequest:
 
 
 def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
-    budget = StepBudget(prefill_chunk=512, interleaved_tokens=8)
+    budget = StepBudget(prefill_chunk=512, interleaved_prompt=5)
     a, b = _running(RequestState.DECODING), _running(RequestState.DECODING)
     new, newer = _running(RequestState.PREFILLING, 2000), _running(RequestState.PREFILLING, 10)
     step = next_step([a, new, b, newer], budget)
-    assert step.decode == [a, b] and step.prefill == [(new, 6)]  # 8 tokens a step: 2 decode, 6 prompt
+    assert step.decode == [a, b] and step.prefill == [(new, 5)]  # 2 decode rows and 5 prompt tokens
+    five = [_running(RequestState.DECODING) for _ in range(5)]
+    assert next_step(five + [new], budget).prefill == [(new, 3)]  # the 8 rows of one native call
     crowded = [_running(RequestState.DECODING) for _ in range(9)] + [new]
     assert next_step(crowded, budget).prefill == [(new, 1)]  # a prompt always advances
     apart = next_step([a, new], StepBudget(separate_chunk=64), joinable=lambda decode, newcomer: False)

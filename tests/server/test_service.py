@@ -170,7 +170,7 @@ def test_a_long_prompt_is_prefilled_between_the_decode_steps_of_a_running_stream
     model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
     prompt = "The harbour light turns. " * 150
     alone = model.generate(prompt, max_tokens=1).token_ids
-    svc = Service(model, max_batch=2, queue_limit=2, step_budget=StepBudget(interleaved_tokens=8))
+    svc = Service(model, max_batch=2, queue_limit=2, step_budget=StepBudget(interleaved_prompt=7))
     try:
         running = svc.submit(Request("1, 2, 3,", {"max_tokens": 4000, "ignore_eos": True, "temperature": 0},
                                      timeout_s=300))

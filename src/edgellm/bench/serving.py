@@ -98,7 +98,7 @@ def interleaving(model_name: str = "smollm2-135m", prompt_tokens: int = 2000, st
     summary = {k: statistics.median(run[k] for run in runs) for k in runs[0] if runs[0][k] is not None}
     summary["p99_vs_median"] = round(summary["p99_gap_s"] / summary["median_gap_s"], 2)
     return dict(model=model_name, prompt_tokens=prompt_tokens, stream_tokens=stream_tokens, rounds=rounds,
-                interleaved_tokens=budget.interleaved_tokens, **summary)
+                interleaved_prompt=budget.interleaved_prompt, **summary)
 
 
 def _percentile(values: list[float], q: float) -> float:

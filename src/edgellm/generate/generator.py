@@ -13,10 +13,15 @@ from edgellm.generate.drafters import Drafter
 from edgellm.generate.sampling import Sampler, SamplingParams
 from edgellm.generate.speculative import SpeculationCosts, Speculator
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
+from edgellm.kernels.decode import MAX_SEQS
 from edgellm.kv import BatchKV, KVManager, SequenceKV
 from edgellm.memory import peak_rss_bytes, return_freed_heap
 
 PREFILL_CHUNK = 512  # tokens per prefill pass: bounds attention scratch memory
+# A prompt (or what a cached prefix leaves of it) up to this long goes in as pieces of MAX_SEQS rows
+# of the native decode step: cheaper than the prompt path's eager layers below ~32 tokens
+# (SmolLM2, AVX-512: 9 tokens 12 against 22 ms, 16 tokens 23 against 28 ms, 64 tokens 91 against 71).
+NATIVE_PROMPT_TOKENS = 32
 
 
 class CausalLM(Protocol):
@@ -31,8 +36,9 @@ def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = P
     block — after a few tokens interleaved with other streams — would push that block's first
     tokens out of the ring before the block is remembered for prefix reuse: prefill_chunk.)"""
     logits, start, block = None, 0, seq.config.block_size
+    native = getattr(model, "decoder", None) is not None and len(ids) <= NATIVE_PROMPT_TOKENS
     while start < len(ids):
-        piece = list(ids[start:start + chunk - seq.offset % block])
+        piece = list(ids[start:start + (MAX_SEQS if native else chunk - seq.offset % block)])
         seq.prepare(len(piece))
         logits = model(torch.tensor([piece]), seq, last_only=True)[0, -1]
         seq.advance(piece)

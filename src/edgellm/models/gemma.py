@@ -155,7 +155,7 @@ class Gemma(nn.Module):
 
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T."""
-        logits = fused_step(self.decoder, tokens, caches)  # one decode step in C, when its assumptions hold
+        logits = fused_step(self.decoder, tokens, caches, last_only)  # a decode step or short piece in C, where it applies
         if logits is not None:
             return logits
         positions = caches.positions(tokens.shape[1])

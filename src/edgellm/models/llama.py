@@ -221,7 +221,7 @@ class Llama(nn.Module):
     def forward(self, tokens: torch.Tensor, caches: list, last_only: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T or 1, V) in fp32; caches advance by T (each sequence's
         adapter, if it has one, applies to its rows)."""
-        logits = fused_step(self.decoder, tokens, caches)  # one decode step in C, when its assumptions hold
+        logits = fused_step(self.decoder, tokens, caches, last_only)  # a decode step or short piece in C, where it applies
         if logits is not None:
             return logits
         ropes = self.rope_per_layer(caches.positions(tokens.shape[1]))
