@@ -12,9 +12,6 @@
 #include "int4_layout.h"
 
 #define MAX_M 8
-/* Bytes ahead to prefetch (the blocks a thread reads are contiguous): one core alone keeps too few
-   lines in flight to stream at the memory's speed (SmolLM2 decode +10-20 % at 6 KB, measured) */
-#define PREFETCH_BYTES 2048
 
 /* y rows [nb*64, nb*64 + 64) += the block's product with m <= I4_TILE activation rows. */
 ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw, int64_t group,
@@ -23,7 +20,9 @@ ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, in
     int32_t dots[I4_TILE][I4_ROWS];
     for (int64_t g = 0; g < kw / group; g++) {
         int64_t ga = (g * group) % ka;  /* activation index of this group's first k */
-        for (int64_t p = 0; p < group * 32; p += 64) __builtin_prefetch(w + g * group * 32 + PREFETCH_BYTES + p);
+#ifndef I4_PREFETCH_IN_DOTS
+        for (int64_t p = 0; p < group * 32; p += 64) __builtin_prefetch(w + g * group * 32 + I4_PREFETCH_BYTES + p);
+#endif
         const uint16_t *sz = scale_zero + (g * n + nb * I4_ROWS) * 2;
         /* the next block's scales of this group: a row of groups is n * 4 bytes apart, a stride
            the hardware prefetcher does not follow (a batch stalled here for ~1/5 of its time) */
