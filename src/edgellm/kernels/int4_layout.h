@@ -114,7 +114,7 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
 #if EDGELLM_AVX512
     /* Bytes of k and k + 1 interleaved (vpunpck{l,h}bw) and widened to words: lane j of
        chunk r holds (byte of k, byte of k + 1) of one row position; the low nibbles are rows
-       0-31, the high ones 32-63. 10 instructions unpack a pair of k's of 64 rows (22 widening
+       0-31, the high ones 32-63. 8 instructions unpack a pair of k's of 64 rows (22 widening
        each nibble to a dword did: a batch of 4 spent as long unpacking as multiplying).
        Rows per chunk: 0 {0-7, 16-23}, 1 {8-15, 24-31}, 2 and 3 the same + 32 (the stores below). */
     __m512i acc[I4_TILE][4];
@@ -127,9 +127,9 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
         __m256i b = _mm256_loadu_si256((const __m256i *)(w + (kk + 1) * 32));
         __m512i lo = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(a, b));
         __m512i hi = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(a, b));
-        __m512i wq[4] = {_mm512_and_si512(lo, low4), _mm512_and_si512(hi, low4),
-                         _mm512_and_si512(_mm512_srli_epi16(lo, 4), low4),
-                         _mm512_and_si512(_mm512_srli_epi16(hi, 4), low4)};
+        /* a word holds a zero-extended byte: its high nibble needs only the shift */
+        __m512i wq[4] = {_mm512_and_si512(lo, low4), _mm512_and_si512(hi, low4), _mm512_srli_epi16(lo, 4),
+                         _mm512_srli_epi16(hi, 4)};
         for (int i = 0; i < m; i++) {
             int32_t pair;
             memcpy(&pair, act[i].q + ka0 + kk, 4);
