@@ -18,12 +18,15 @@ typedef void (*LayerFn)(const void *layer, float *x, int m, const float *cos, co
                         const int64_t *pos, float *buf, void *work, int threads, const LoraLayer *const *lora);
 
 /* A whole decode step's layers in one call (from Python, ~30 us of call and argument building per
-   layer: ~1 ms a token for SmolLM2's 30). Per layer i: layers[i], its rotation cos[i] / sin[i],
-   its caches slots[i * m .. i * m + m) and adapters lora[i * m ..] (lora NULL: none at all). */
+   layer: ~1 ms a token for SmolLM2's 30). Per layer i: layers[i], its rotation cos[i] / sin[i], row
+   j's cache row_slots[j][i] (each row's sequence keeps its layers' KVSlots in one array, built once
+   in Python, not 30 structs a row every step) and adapters lora[i * m ..] (lora NULL: none). */
 void edgellm_decoder_layers(LayerFn run, const void *const *layers, int n_layers, float *x, int m,
-                            const float *const *cos, const float *const *sin, KVSlots *slots, const int64_t *pos,
-                            float *buf, void *work, int threads, const LoraLayer *const *lora) {
-    for (int i = 0; i < n_layers; i++)
-        run(layers[i], x, m, cos[i], sin[i], slots + (int64_t)i * m, pos, buf, work, threads,
-            lora ? lora + (int64_t)i * m : NULL);
+                            const float *const *cos, const float *const *sin, const KVSlots *const *row_slots,
+                            const int64_t *pos, float *buf, void *work, int threads, const LoraLayer *const *lora) {
+    KVSlots slots[MAX_SEQS];
+    for (int i = 0; i < n_layers; i++) {
+        for (int j = 0; j < m; j++) slots[j] = row_slots[j][i];
+        run(layers[i], x, m, cos[i], sin[i], slots, pos, buf, work, threads, lora ? lora + (int64_t)i * m : NULL);
+    }
 }
