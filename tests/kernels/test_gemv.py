@@ -35,7 +35,7 @@ def _close(ours: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool
 
 @pytest.mark.parametrize("n, k, planes, group", [(64, 64, 1, 32), (960, 576, 1, 32), (576, 1536, 1, 64),
                                                  (128, 640, 2, 32), (192, 256, 1, 128)])
-@pytest.mark.parametrize("m", [1, 2, 5, 8])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8])
 def test_int4_gemv_matches_fp64_and_the_scalar_reference(lib, scalar, n, k, planes, group, m):
     packed, pairs, w = _int4(n, k, planes, group)
     x = torch.randn(m, k, dtype=torch.float64, generator=torch.Generator().manual_seed(m)) * 3
