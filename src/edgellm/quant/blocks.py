@@ -8,7 +8,7 @@ evaluation) dequantize up to kernels.SCRATCH_ROWS rows at a time into a scratch 
 dtype and run PyTorch's GEMM. Used for the tied embedding / output head of both models (Gemma 3:
 262k x 640, read by the embedding lookup from the same bytes) and for Gemma 3's Q5_0 / Q8_0 / Q6_K
 projections, which as two INT4 planes would read 10 bits per weight instead of 5.5 or 8.5, and as
-bf16 (Q6_K) 16 instead of 6.6. One exception, on the AVX2 kernels: Q5_0 blocks are held as Q8_0
+bf16 (Q6_K) 16 instead of 6.6. One exception, on the x86 kernels: Q5_0 blocks are held as Q8_0
 blocks of the same values (widens_q5_0), and so in Q8R16 too."""
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def widens_q5_0() -> bool:
     """Whether Q5_0 weights are held as Q8_0 blocks (kernels.q5_0_as_q8_0: the same values, 34 bytes a block
     instead of 22). On the AVX2 kernels unpacking the fifth bits costs more than reading the wider
     blocks: a Q5_0 GEMV streams ~7.5 GB/s where Q8_0 streams ~20 (Zen 3, 2 threads), and Gemma 3
-    decodes 3-8 % faster for 22 MB more (docs/performance.md). AVX-512 unpacks them under a mask
-    at no cost; NEON is not measured."""
-    return kernels.available() and kernels.selected().name == "avx2"
+    decodes 3-8 % faster for 22 MB more (docs/performance.md). On AVX-512 one sequence decodes as
+    fast either way, but widened they become Q8R16, whose batch rows cost one vpdpwssd per 16 rows:
+    Gemma 3 with 4 streams 142 -> 163-166 tok/s (one stream 59-62 both). NEON is not measured."""
+    return kernels.available() and kernels.selected().name in ("avx2", "avx512")
 
 
 class BlockPart(NamedTuple):
