@@ -239,3 +239,50 @@ def test_a_token_outside_the_vocabulary_is_an_index_error_not_a_wild_read(smollm
         with pytest.raises(IndexError):
             model.net.decoder.step_rows([(seq.layers, [model.net.embed.num_embeddings + 5])])
         assert model.net.decoder.step_rows([(seq.layers, [token])]).shape[0] == 1
+
+
+@pytest.mark.parametrize("name, tolerance", [("smollm2_path", 1e-3), ("gemma3_path", 1e-2)])
+def test_a_short_prompt_goes_natively_in_pieces_with_the_prompt_paths_logits(name, tolerance, request):
+    """A prompt of at most NATIVE_PROMPT_TOKENS runs as pieces of up to MAX_SEQS rows of the native
+    step (prefill), every row's logits as the PyTorch layers give them, and the next decode steps
+    from that cache agree as well."""
+    from edgellm.generate.generator import NATIVE_PROMPT_TOKENS, prefill
+    from edgellm.kernels.decode import MAX_SEQS
+
+    with edgellm.load(request.getfixturevalue(name)) as model:
+        net = model.net
+        ids = model.tokenizer.encode("The harbour light turns over the water, slow and patient, every night of the year.")
+        assert MAX_SEQS < len(ids) <= NATIVE_PROMPT_TOKENS  # more than one native piece
+        with torch.inference_mode():
+            piece = torch.tensor([ids[:MAX_SEQS]])
+            rows = {}
+            for native in (True, False):
+                seq, _ = model.kv.new_sequence()
+                seq.prepare(MAX_SEQS)
+                if native:
+                    rows[native] = fused_step(net.decoder, piece, seq, last_only=False)[0]
+                else:
+                    with pytorch_layers(net):
+                        rows[native] = net(piece, seq)[0]
+                seq.release()
+            assert rows[True].shape == rows[False].shape and rows[True].shape[0] == MAX_SEQS  # every row
+            assert ((rows[True] - rows[False]).abs().amax(-1) < tolerance * rows[False].abs().amax(-1)).all()
+
+            native_seq, _ = model.kv.new_sequence()
+            first = prefill(net, native_seq, ids)
+            plain_seq, _ = model.kv.new_sequence()
+            with pytorch_layers(net):  # the same pieces: on a bf16 CPU a longer one takes bf16 norms
+                plain = prefill(net, plain_seq, ids, chunk=MAX_SEQS)
+            assert native_seq.offset == plain_seq.offset == len(ids)
+            assert (first - plain).abs().max() < tolerance * plain.abs().max()
+            token = int(plain.argmax())
+            for _ in range(3):
+                native_seq.prepare(1)
+                plain_seq.prepare(1)
+                a = fused_step(net.decoder, torch.tensor([[token]]), native_seq)[0, -1]
+                with pytorch_layers(net):
+                    b = net(torch.tensor([[token]]), plain_seq, last_only=True)[0, -1]
+                assert (a - b).abs().max() < tolerance * b.abs().max()
+                token = int(b.argmax())
+        native_seq.release()
+        plain_seq.release()

@@ -32,13 +32,17 @@ class CausalLM(Protocol):
 
 def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
     """Run `ids` through the model into `seq` in pieces of at most `chunk` that end on KV block
-    boundaries; returns the last position's logits. (A ring-window-sized piece that began inside a
+    boundaries (at most NATIVE_PROMPT_TOKENS of them: pieces of MAX_SEQS rows of the native decode
+    step); returns the last position's logits. (A ring-window-sized piece that began inside a
     block — after a few tokens interleaved with other streams — would push that block's first
     tokens out of the ring before the block is remembered for prefix reuse: prefill_chunk.)"""
     logits, start, block = None, 0, seq.config.block_size
     native = getattr(model, "decoder", None) is not None and len(ids) <= NATIVE_PROMPT_TOKENS
     while start < len(ids):
-        piece = list(ids[start:start + (MAX_SEQS if native else chunk - seq.offset % block)])
+        size = MAX_SEQS if native else chunk
+        if size >= block:  # a piece shorter than a block cannot push a block's first tokens out of a ring
+            size -= seq.offset % block
+        piece = list(ids[start:start + size])
         seq.prepare(len(piece))
         logits = model(torch.tensor([piece]), seq, last_only=True)[0, -1]
         seq.advance(piece)
