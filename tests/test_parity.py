@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import edgellm
+from edgellm.kernels.isa import cpu_features
 
 pytestmark = pytest.mark.slow
 
@@ -149,4 +150,26 @@ def test_fast_teacher_forced_agreement(pair):
     name, reference, _, fast = pair
     top1, kl = _teacher_forced(fast, reference)
     print(f"\n{name} fast: top-1 {top1:.4f}, mean KL {kl:.2e}")
+    assert top1 >= 0.96 and kl < 2e-3
+
+
+@pytest.mark.skipif("avx_vnni" not in cpu_features(), reason="the CPU has no AVX-VNNI: the int16 prompt GEMM does not run here")
+def test_fast_prompt_agreement_with_int16_gemms(pair, monkeypatch):
+    """The prompt path on avx2+vnni, whose GEMMs are int16_gemm.c's, agrees with the reference as bf16's does."""
+    from edgellm import kernels
+    from edgellm.kernels import build, isa
+
+    name, reference, _, fast = pair
+    monkeypatch.setenv("EDGELLM_ISA", "avx2+vnni")
+    isa.selected.cache_clear()
+    build.library.cache_clear()
+    try:
+        model = edgellm.load(fast.path, mode="fast")
+        assert "int16 prompt GEMMs" in kernels.describe()
+        top1, kl = _teacher_forced(model, reference)
+        model.close()
+    finally:
+        isa.selected.cache_clear()
+        build.library.cache_clear()
+    print(f"\n{name} fast prompt with int16 GEMMs: top-1 {top1:.4f}, mean KL {kl:.2e}")
     assert top1 >= 0.96 and kl < 2e-3

@@ -49,6 +49,11 @@ _SIGNATURES = {
     "edgellm_add_rms_norm": (None, [_p, _p, _i64, _i64, _p, _f32, _p, _i, _i]),
     "edgellm_kv_encode": (None, [_p, _i64, _i64, _p, _p, _p, _i64]),
     "edgellm_layer_floats": (_i64, [_p, _i]),
+    "edgellm_int16_gemm_native": (_i, []),
+    "edgellm_int16_gemm_panel_bytes": (_i64, [_i64, _i64]),
+    "edgellm_int16_gemm_work_bytes": (_i64, [_i64, _i64]),
+    "edgellm_int16_gemm_pack": (None, [_p, _i64, _i64, _i64, _i64, _p, _i]),
+    "edgellm_int16_gemm": (None, [_p, _i64, _i64, _p, _i64, _p, _i64, _p, _i]),
 }
 
 
@@ -143,6 +148,8 @@ def describe() -> str:
     """What runs here, in a few words: the kernel variant (or why none) and the GEMM dtype."""
     dtype = "bf16" if compute_dtype() == torch.bfloat16 else "fp32"
     if available():
+        if dtype == "fp32" and library().edgellm_int16_gemm_native():
+            dtype = "int16"  # prompt_gemm.py: AVX-VNNI without native bf16
         return f"{selected().label} native kernels, {dtype} prompt GEMMs"
     why = "EDGELLM_KERNELS=0" if os.environ.get("EDGELLM_KERNELS", "1") == "0" else "no working C compiler"
     return f"PyTorch layers only ({why}), {dtype} GEMMs"

@@ -25,12 +25,12 @@ def _code(dtype: torch.dtype) -> int:
     return _DTYPE_CODES[dtype]
 
 
-def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """This thread's reused buffer for one layer's dequantized weight."""
+def scratch(numel: int, dtype: torch.dtype, slot: str = "weight") -> torch.Tensor:
+    """This thread's reused buffer for one layer's dequantized weight (or another `slot`'s use)."""
     buffers = _scratch.__dict__.setdefault("buffers", {})
-    buffer = buffers.get(dtype)
+    buffer = buffers.get((slot, dtype))
     if buffer is None or buffer.numel() < numel:
-        buffer = buffers[dtype] = torch.empty(numel, dtype=dtype)
+        buffer = buffers[slot, dtype] = torch.empty(numel, dtype=dtype)
     return buffer[:numel]
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edgellm import kernels
@@ -113,7 +112,7 @@ class BlockLinear(nn.Module):
             outs = [kernels.block_gemv(x2, p.rows, p.type, self.in_features, p.scale) for p in self.parts]
         else:
             xc = x2.to(kernels.compute_dtype())
-            outs = [F.linear(xc, self._dequantized(chunk)) for chunk in self._chunks()]
+            outs = [kernels.prompt_matmul(xc, self._dequantized(chunk)) for chunk in self._chunks()]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.reshape(*lead, self.out_features)
 
