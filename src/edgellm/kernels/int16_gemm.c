@@ -105,44 +105,30 @@ static void pack_group_rows(const float *w, int64_t ldw, int64_t s, int64_t g, i
     }
 }
 
-static void quantize_rows(const float *x, int64_t t, int64_t k, int16_t *q, float *sx) {
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < t; i++)
-        for (int64_t g = 0; g < k / IG_GROUP; g++) {
-            const float *xs = x + i * k + g * IG_GROUP;
-            vf amax = vf_zero();
-            for (int j = 0; j < IG_GROUP; j += VL) amax = vf_max(amax, vf_abs(vf_load(xs + j)));
-            float a = vf_hmax(amax), d = a > 0.f ? a / (float)ACT_MAX : 1.f;
-            vf inv = vf_set1(1.f / d), limit = vf_set1((float)ACT_MAX);
-            for (int j = 0; j < IG_GROUP; j += VL)
-                vf_store_i16(q + i * k + g * IG_GROUP + j,
-                             vf_max(vf_min(vf_mul(vf_load(xs + j), inv), limit), vf_sub(vf_zero(), limit)));
-            sx[i * (k / IG_GROUP) + g] = d;
-        }
-}
-
-/* out[t][0..16) for tt <= IG_TILE tokens of one strip. xq: the tokens' activation pairs. */
-ALWAYS_INLINE void tile(const int32_t *panel, const float *sw, const int32_t *xq, const float *sx, int64_t k,
-                        float *out, int64_t ldo, int tt) {
-    int64_t pairs = k / 2, groups = k / IG_GROUP;
+/* out[t][0..16) for tt <= IG_TILE tokens of one strip, their activations quantized (intdot.h). */
+ALWAYS_INLINE void tile(const int32_t *panel, const float *sw, const Act *act, int64_t k, float *out, int64_t ldo,
+                        int tt) {
+    int64_t groups = k / IG_GROUP;
     __m256 acc[IG_TILE][2];
     for (int i = 0; i < tt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-        const int32_t *w = panel + g * (IG_GROUP / 2) * IG_STRIP, *x = xq + g * (IG_GROUP / 2);
+        const int32_t *w = panel + g * (IG_GROUP / 2) * IG_STRIP;
         __m256i dot[IG_TILE][2];
         for (int i = 0; i < tt; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
         for (int p = 0; p < IG_GROUP / 2; p++) {
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + p * IG_STRIP));
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + p * IG_STRIP + 8));
             for (int i = 0; i < tt; i++) {
-                __m256i xp = _mm256_set1_epi32(x[i * pairs + p]);
+                int32_t pair;  /* activations k, k + 1 */
+                memcpy(&pair, act[i].q + g * IG_GROUP + 2 * p, 4);
+                __m256i xp = _mm256_set1_epi32(pair);
                 dot[i][0] = madd_acc(dot[i][0], w0, xp);
                 dot[i][1] = madd_acc(dot[i][1], w1, xp);
             }
         }
         __m256 s0 = _mm256_loadu_ps(sw + g * IG_STRIP), s1 = _mm256_loadu_ps(sw + g * IG_STRIP + 8);
         for (int i = 0; i < tt; i++) {
-            __m256 d = _mm256_set1_ps(sx[i * groups + g]);
+            __m256 d = _mm256_set1_ps(act[i].dx[g]);
             acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][0]), _mm256_mul_ps(s0, d), acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][1]), _mm256_mul_ps(s1, d), acc[i][1]);
         }
@@ -154,15 +140,15 @@ ALWAYS_INLINE void tile(const int32_t *panel, const float *sw, const int32_t *xq
 }
 
 /* one instance per token count, so that the accumulators stay in registers */
-static void tile_any(const int32_t *panel, const float *sw, const int32_t *xq, const float *sx, int64_t k, float *out,
-                     int64_t ldo, int tt) {
+static void tile_any(const int32_t *panel, const float *sw, const Act *act, int64_t k, float *out, int64_t ldo,
+                     int tt) {
     switch (tt) {
-    case 6: tile(panel, sw, xq, sx, k, out, ldo, 6); break;
-    case 5: tile(panel, sw, xq, sx, k, out, ldo, 5); break;
-    case 4: tile(panel, sw, xq, sx, k, out, ldo, 4); break;
-    case 3: tile(panel, sw, xq, sx, k, out, ldo, 3); break;
-    case 2: tile(panel, sw, xq, sx, k, out, ldo, 2); break;
-    default: tile(panel, sw, xq, sx, k, out, ldo, 1); break;
+    case 6: tile(panel, sw, act, k, out, ldo, 6); break;
+    case 5: tile(panel, sw, act, k, out, ldo, 5); break;
+    case 4: tile(panel, sw, act, k, out, ldo, 4); break;
+    case 3: tile(panel, sw, act, k, out, ldo, 3); break;
+    case 2: tile(panel, sw, act, k, out, ldo, 2); break;
+    default: tile(panel, sw, act, k, out, ldo, 1); break;
     }
 }
 #endif
@@ -178,7 +164,7 @@ int edgellm_int16_gemm_native(void) {
 
 /* Bytes of the packed form of an (n, k) weight, and of the work space for t tokens. */
 int64_t edgellm_int16_gemm_panel_bytes(int64_t n, int64_t k) { return n * k * 2 + n * (k / IG_GROUP) * 4; }
-int64_t edgellm_int16_gemm_work_bytes(int64_t t, int64_t k) { return t * k * 2 + t * (k / IG_GROUP) * 4 + 64; }
+int64_t edgellm_int16_gemm_work_bytes(int64_t t, int64_t k) { return t * (act_bytes(k, IG_GROUP) + (int64_t)sizeof(Act)); }
 
 /* Pack n rows of a float weight: element (row i, column j) at w[i * row_stride + j * col_stride],
    one of the strides 1 (by rows, or transposed). n % 16 == 0, k % 64 == 0. */
@@ -209,19 +195,19 @@ void edgellm_int16_gemm(const float *x, int64_t t, int64_t k, const void *panel,
 #ifdef IG_NATIVE
     const int32_t *q = (const int32_t *)panel;
     const float *scales = (const float *)(q + n * k / 2);
-    int16_t *xq = (int16_t *)work;
-    float *sx = (float *)(xq + t * k);
+    Act *act = (Act *)work;  /* then each token's quantized row */
+    uint8_t *rows = (uint8_t *)(act + t);
     int64_t groups = k / IG_GROUP, tiles = (t + IG_TILE - 1) / IG_TILE;
 #pragma omp parallel num_threads(threads)
     {
-        quantize_rows(x, t, k, xq, sx);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < t; i++) act[i] = quantize_act(x + i * k, k, IG_GROUP, rows + i * act_bytes(k, IG_GROUP));
 #pragma omp for schedule(static) collapse(2)
         for (int64_t s = 0; s < n / IG_STRIP; s++)
             for (int64_t tile_i = 0; tile_i < tiles; tile_i++) {
                 int64_t t0 = tile_i * IG_TILE;
-                tile_any(q + s * (k / 2) * IG_STRIP, scales + s * groups * IG_STRIP, (const int32_t *)(xq + t0 * k),
-                         sx + t0 * groups, k, out + t0 * ldo + s * IG_STRIP, ldo,
-                         (int)(t - t0 < IG_TILE ? t - t0 : IG_TILE));
+                tile_any(q + s * (k / 2) * IG_STRIP, scales + s * groups * IG_STRIP, act + t0, k,
+                         out + t0 * ldo + s * IG_STRIP, ldo, (int)(t - t0 < IG_TILE ? t - t0 : IG_TILE));
             }
     }
 #else
