@@ -24,9 +24,6 @@
 #if EDGELLM_AVX2 && defined(__AVXVNNI__)
 #define IG_NATIVE 1
 
-/* |v| per lane, the hmax of 8 floats, and 8 floats -> 8 rounded int32 */
-static inline __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
-
 /* Lanes (q0[j] & 0xFFFF) | (q1[j] << 16): the pair (k, k + 1) of 8 rows. */
 static inline __m256i pairs8(__m256 w0, __m256 w1, __m256 inv) {
     __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(w0, inv)), b = _mm256_cvtps_epi32(_mm256_mul_ps(w1, inv));
@@ -44,8 +41,8 @@ static void pack_group_cols(const float *wt, int64_t ldw, int64_t s, int64_t g, 
     const float *w = wt + g * IG_GROUP * ldw + s * IG_STRIP;
     __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
     for (int j = 0; j < IG_GROUP; j++) {
-        m0 = _mm256_max_ps(m0, abs8(_mm256_loadu_ps(w + j * ldw)));
-        m1 = _mm256_max_ps(m1, abs8(_mm256_loadu_ps(w + j * ldw + 8)));
+        m0 = _mm256_max_ps(m0, vf_abs(_mm256_loadu_ps(w + j * ldw)));
+        m1 = _mm256_max_ps(m1, vf_abs(_mm256_loadu_ps(w + j * ldw + 8)));
     }
     __m256 inv0 = scale_of(m0, scales), inv1 = scale_of(m1, scales + 8);
     for (int j = 0; j < IG_GROUP; j += 2) {
@@ -84,10 +81,8 @@ static void pack_group_rows(const float *w, int64_t ldw, int64_t s, int64_t g, i
         float amax[8] __attribute__((aligned(32)));
         for (int r = 0; r < 8; r++) {
             __m256 m = _mm256_setzero_ps();
-            for (int j = 0; j < IG_GROUP; j += 8) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(rows + r * ldw + j)));
-            __m128 q = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            q = _mm_max_ps(q, _mm_movehl_ps(q, q));
-            amax[r] = _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+            for (int j = 0; j < IG_GROUP; j += 8) m = _mm256_max_ps(m, vf_abs(_mm256_loadu_ps(rows + r * ldw + j)));
+            amax[r] = vf_hmax(m);
         }
         float inv[8] __attribute__((aligned(32)));
         _mm256_store_ps(inv, scale_of(_mm256_load_ps(amax), scales + h));

@@ -8,7 +8,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from edgellm.kernels.build import available, library, profiled
+from edgellm.kernels.build import library, profiled
 from edgellm.kernels.prompt import scratch
 
 STRIP, GROUP = 16, 64  # int16_gemm.c: rows per packed strip, k per quantization group
@@ -49,6 +49,6 @@ def int16_gemm(x: torch.Tensor, w: torch.Tensor, transposed: bool = False, lib: 
 def prompt_matmul(x: torch.Tensor, w: torch.Tensor, transposed: bool = False) -> torch.Tensor:
     """x (T, K) in the compute dtype times W^T for W (N, K), or Wt (K, N) when `transposed`."""
     n, k = (w.shape[1], w.shape[0]) if transposed else w.shape
-    if x.dtype == torch.float32 and w.dtype == torch.float32 and available() and int16_gemm_supports(n, k):
+    if x.dtype == torch.float32 and w.dtype == torch.float32 and int16_gemm_supports(n, k):
         return int16_gemm(x, w, transposed)
     return torch.mm(x, w) if transposed else F.linear(x, w)
