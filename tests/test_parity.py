@@ -1,7 +1,7 @@
 """Parity with Hugging Face transformers (fp32) loading the same GGUF file.
 
 "exact" mode (fp32 everywhere) must reproduce the reference: greedy tokens, logits and
-teacher-forced top-1. "fast" mode (native kernels, bf16 or fp32 prompt GEMMs) is held to a stated
+teacher-forced top-1. "fast" mode (native kernels, bf16, fp32 or integer prompt GEMMs) is held to a stated
 distance from it: teacher-forced top-1 >= 96 % and mean KL < 2e-3, for the prompt path on the
 machine's variant and for the decode path (one token per step) on every ISA variant it can run. For scale, llama.cpp on the
 same files measures top-1 95.5 % / KL 2.6e-3 (SmolLM2) and 96.5 % / 6.5e-3 (Gemma 3)."""
@@ -153,23 +153,29 @@ def test_fast_teacher_forced_agreement(pair):
     assert top1 >= 0.96 and kl < 2e-3
 
 
-@pytest.mark.skipif("avx_vnni" not in cpu_features(), reason="the CPU has no AVX-VNNI: the int16 prompt GEMM does not run here")
-def test_fast_prompt_agreement_with_int16_gemms(pair, monkeypatch):
-    """The prompt path on avx2+vnni, whose GEMMs are int16_gemm.c's, agrees with the reference as bf16's does."""
+INTEGER_GEMMS = [("avx2+vnni", "int16", {"avx_vnni"}), ("avx2", "int8", {"avx2", "fma", "f16c"})]
+
+
+@pytest.mark.parametrize("variant, gemm, needs", INTEGER_GEMMS, ids=[g for _, g, _ in INTEGER_GEMMS])
+def test_fast_prompt_agreement_with_integer_gemms(pair, variant, gemm, needs, monkeypatch):
+    """The prompt path on a variant without native bf16, whose GEMMs are int16_gemm.c's (AVX-VNNI) or
+    int8_gemm.c's (plain AVX2), agrees with the reference as bf16's does."""
     from edgellm import kernels
     from edgellm.kernels import build, isa
 
+    if not needs <= cpu_features():
+        pytest.skip(f"the CPU cannot run the {variant} kernels: the {gemm} prompt GEMM does not run here")
     name, reference, _, fast = pair
-    monkeypatch.setenv("EDGELLM_ISA", "avx2+vnni")
+    monkeypatch.setenv("EDGELLM_ISA", variant)
     isa.selected.cache_clear()
     build.library.cache_clear()
     try:
         model = edgellm.load(fast.path, mode="fast")
-        assert "int16 prompt GEMMs" in kernels.describe()
+        assert f"{gemm} prompt GEMMs" in kernels.describe()
         top1, kl = _teacher_forced(model, reference)
         model.close()
     finally:
         isa.selected.cache_clear()
         build.library.cache_clear()
-    print(f"\n{name} fast prompt with int16 GEMMs: top-1 {top1:.4f}, mean KL {kl:.2e}")
+    print(f"\n{name} fast prompt with {gemm} GEMMs: top-1 {top1:.4f}, mean KL {kl:.2e}")
     assert top1 >= 0.96 and kl < 2e-3

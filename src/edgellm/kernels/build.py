@@ -54,6 +54,14 @@ _SIGNATURES = {
     "edgellm_int16_gemm_work_bytes": (_i64, [_i64, _i64]),
     "edgellm_int16_gemm_pack": (None, [_p, _i64, _i64, _i64, _i64, _p, _i]),
     "edgellm_int16_gemm": (None, [_p, _i64, _i64, _p, _i64, _p, _i64, _p, _i]),
+    "edgellm_int8_gemm_native": (_i, []),
+    "edgellm_int8_panel_bytes": (_i64, [_i64, _i64]),
+    "edgellm_int8_act_bytes": (_i64, [_i64, _i64]),
+    "edgellm_int8_pack_i4r64": (None, [_p, _p, _i64, _i64, _i64, _i64, _p, _i]),
+    "edgellm_int8_pack_q8r16": (None, [_p, _i64, _i64, _p, _i]),
+    "edgellm_int8_quantize": (None, [_p, _i64, _i64, _p, _i64, _p, _i]),
+    "edgellm_int8_gemm": (None, [_p, _i64, _i64, _p, _i64, _i, _p, _i64, _i]),
+    "edgellm_int8_columns": (None, [_p, _i64, _i64, _p, _i64, _p]),
 }
 
 
@@ -150,6 +158,8 @@ def describe() -> str:
     if available():
         if dtype == "fp32" and library().edgellm_int16_gemm_native():
             dtype = "int16"  # prompt_gemm.py: AVX-VNNI without native bf16
+        elif dtype == "fp32" and library().edgellm_int8_gemm_native():
+            dtype = "int8"  # int8_prompt.py: AVX2 without AVX-VNNI
         return f"{selected().label} native kernels, {dtype} prompt GEMMs"
     why = "EDGELLM_KERNELS=0" if os.environ.get("EDGELLM_KERNELS", "1") == "0" else "no working C compiler"
     return f"PyTorch layers only ({why}), {dtype} GEMMs"

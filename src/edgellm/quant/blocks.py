@@ -12,6 +12,7 @@ bf16 (Q6_K) 16 instead of 6.6. One exception, on the x86 kernels: Q5_0 blocks ar
 blocks of the same values (widens_q5_0), and so in Q8R16 too."""
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Callable, NamedTuple, Sequence
 
 import torch
@@ -39,6 +40,7 @@ class BlockPart(NamedTuple):
     rows: torch.Tensor  # (N, row bytes) uint8: views of the file, or a copy (Q8R16, widened Q5_0)
     type: int  # ggml type number, or kernels.Q8R16
     scale: torch.Tensor | None  # I8 only: (N,) bf16 per-row scales
+    q5_0: bool = False  # Q8R16 blocks holding a widened Q5_0's values (-16..15): the int8 prompt GEMM takes them
 
 
 INTERLEAVE_CHUNK = 4096  # rows converted to Q8R16 at a time, their file pages dropped after each
@@ -47,7 +49,8 @@ INTERLEAVE_CHUNK = 4096  # rows converted to Q8R16 at a time, their file pages d
 def _held(rows: torch.Tensor, ggml_type: int, k: int, drop_source) -> BlockPart:
     """A part as the kernels read it best: Q5_0 widened to Q8_0 where that pays (widens_q5_0),
     Q8_0 interleaved into Q8R16."""
-    if ggml_type == GGMLType.Q5_0 and widens_q5_0():
+    q5_0 = ggml_type == GGMLType.Q5_0 and widens_q5_0()
+    if q5_0:
         rows, ggml_type, drop_source = kernels.q5_0_as_q8_0(rows), int(GGMLType.Q8_0), None  # a copy already
     if ggml_type != GGMLType.Q8_0 or rows.shape[0] % kernels.Q8R16_ROWS:
         return BlockPart(rows, ggml_type, None)
@@ -57,7 +60,7 @@ def _held(rows: torch.Tensor, ggml_type: int, k: int, drop_source) -> BlockPart:
         kernels.q8_0_as_q8r16(chunk, k, out=out[start:start + INTERLEAVE_CHUNK])
         if drop_source is not None:
             drop_source(chunk)
-    return BlockPart(out, kernels.Q8R16, None)
+    return BlockPart(out, kernels.Q8R16, None, q5_0)
 
 
 
@@ -111,18 +114,35 @@ class BlockLinear(nn.Module):
         if x2.shape[0] <= kernels.MAX_ROWS:
             outs = [kernels.block_gemv(x2, p.rows, p.type, self.in_features, p.scale) for p in self.parts]
         else:
-            xc = x2.to(kernels.compute_dtype())
-            outs = [kernels.prompt_matmul(xc, self._dequantized(chunk)) for chunk in self._chunks()]
+            outs = self._prompt(x2.to(kernels.compute_dtype()))
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.reshape(*lead, self.out_features)
 
-    def _chunks(self) -> list[list[BlockPart]]:
+    def _prompt(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each part's product with a prompt's rows: widened Q5_0 parts in the int8 GEMM where this build has
+        it (kernels/int8_prompt.py), the others (or all) dequantized for the float GEMM."""
+        if x.dtype != torch.float32 or not any(p.q5_0 for p in self.parts) or not kernels.int8_gemm_native():
+            return [kernels.prompt_matmul(x, self._dequantized(chunk)) for chunk in self._chunks(self.parts)]
+        int8, outs = kernels.Int8Prompt(x), []
+        for q5_0, parts in groupby(self.parts, key=lambda p: p.q5_0):
+            if q5_0:
+                outs += [int8.times_q5_0(piece.rows) for piece in self._pieces(list(parts))]
+            else:
+                outs += [kernels.prompt_matmul(x, self._dequantized(chunk)) for chunk in self._chunks(list(parts))]
+        return outs
+
+    @staticmethod
+    def _pieces(parts: list[BlockPart]) -> list[BlockPart]:
+        """The parts cut into pieces of at most kernels.SCRATCH_ROWS rows."""
+        step = kernels.SCRATCH_ROWS
+        return [BlockPart(p.rows[start:start + step], p.type, None if p.scale is None else p.scale[start:start + step],
+                          p.q5_0) for p in parts for start in range(0, p.rows.shape[0], step)]
+
+    def _chunks(self, parts: list[BlockPart]) -> list[list[BlockPart]]:
         """The parts' rows in order, cut into chunks of at most kernels.SCRATCH_ROWS: one GEMM each."""
         chunks, current, size = [], [], 0
-        for part in self.parts:
-            for start in range(0, part.rows.shape[0], kernels.SCRATCH_ROWS):
-                piece = BlockPart(part.rows[start:start + kernels.SCRATCH_ROWS], part.type,
-                                  None if part.scale is None else part.scale[start:start + kernels.SCRATCH_ROWS])
+        for part in parts:
+            for piece in self._pieces([part]):
                 if size + piece.rows.shape[0] > kernels.SCRATCH_ROWS and current:
                     chunks.append(current)
                     current, size = [], 0

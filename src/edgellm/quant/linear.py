@@ -151,10 +151,16 @@ class Int4Linear(nn.Module):
                     for i in range(0, x2.shape[0], step)]
             y = outs[0] if len(outs) == 1 else torch.cat(outs)
             return y.reshape(*lead, self.out_features)
-        # prompt: unpack to a scratch of the compute dtype for a GEMM (PyTorch's, or int16 with AVX-VNNI)
+        # prompt: the int8 GEMM on the codes themselves (plain AVX2), or unpacked to a scratch of the compute
+        # dtype for a GEMM (PyTorch's, or int16 with AVX-VNNI)
         dtype = kernels.compute_dtype()
         x2 = x2.to(dtype)
         n, step = self.out_features, kernels.SCRATCH_ROWS
+        if dtype == torch.float32 and kernels.int8_takes_i4r64(n, self.in_features, self.group, self.planes):
+            int8 = kernels.Int8Prompt(x2)
+            outs = [int8.times_i4r64(self.packed, self.scale_zero, (start, min(start + step, n)))
+                    for start in range(0, n, step)]
+            return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).reshape(*lead, n)
         outs = [kernels.prompt_matmul(x2, kernels.int4_unpack(self.packed, self.scale_zero, self.group, self.planes,
                                                               (start, min(start + step, n)), dtype),  # (K, rows)
                                       transposed=True)

@@ -1,0 +1,289 @@
+/* Prompt GEMMs in 8-bit integers for AVX2 CPUs without AVX-VNNI or AVX-512 (Haswell to Comet Lake,
+   AMD Zen 1-3), where an fp32 FMA makes 8 products and `vpmaddubsw` 32 (unsigned byte by signed
+   byte, summed in pairs to int16).
+
+   The weights stay exactly what the model holds: 4-bit I4R64 codes (q in 0..15) or Q5_0 values held
+   as Q8_0 / Q8R16 blocks (q + 16 in 0..31), each group of 32 k's of a row an affine map
+     w = scale * q + zero          (I4R64: zero = its zero - 8 scale; Q5_0: scale = d, zero = -16 d)
+   Only the activations are rounded, per token and group of 32, to int8 (llama.cpp's Q8 blocks):
+     qx = round(x / sx),  sx = max |x| / 127
+   except the few channels whose largest |x| over the prompt is largest (OUTLIERS, chosen per call
+   by the caller): a channel that carries an outlier would round the other 31 of every group it is
+   in to a few levels (SmolLM2's norm outputs: teacher-forced KL 2.8e-3 against 7e-4 without them),
+   so they are zeroed here and multiplied in fp32 beside (edgellm_int8_columns).
+     y[t][n] = sum_g scale[n][g] * sx[t][g] * sum_{k in g} q[n][k] qx[t][k]  +  zero[n][g] * xsum[t][g]
+   with xsum[t][g] = sx[t][g] * sum_{k in g} qx[t][k] (quantize_row says why). Pair sums of q * qx are at most
+   2 * 31 * 127 = 7874, so int16 holds 4 of them (31,496), 8 for 4-bit codes (30,480): the products
+   are summed in int16 for half a group (a whole one for 4 bits), then widened once.
+
+   The weight is packed per call into strips of 16 rows: per group, 8 steps of 4 k's, each 16 words of
+   4 codes (row r's q[k .. k + 3]) that one vpmaddubsw multiplies against a broadcast word of 4
+   activations; then the strip's 16 scales and 16 zeros of the group. A tile is 16 rows x 4 tokens. */
+#include "simd.h"
+
+#define I8_STRIP 16
+#define I8_GROUP 32
+#define I8_TILE 4
+#define X_MAX 127
+#define STEP_BYTES (4 * I8_STRIP)           /* 4 k's of a strip's 16 rows */
+#define GROUP_BYTES (8 * STEP_BYTES)        /* a group's codes of a strip */
+#define GROUP_FLOATS (2 * I8_STRIP)         /* a group's scales and zeros of a strip */
+
+/* A token's quantized row: k int8, then per group (sx, xsum); 32-byte aligned. */
+static int64_t row_bytes(int64_t k) { return (k + 8 * (k / I8_GROUP) + 31) / 32 * 32; }
+
+#if EDGELLM_AVX2 && !defined(__AVXVNNI__)
+#define I8_NATIVE 1
+
+/* acc + per int16 lane: the pair sums of w's unsigned codes times x4's signed activations. The add is
+   in place by inline assembly: GCC 12 otherwise copies every accumulator of a tile back each turn. */
+static inline __m256i maddubs_acc(__m256i acc, __m256i w, __m256i x4) {
+    __m256i pairs = _mm256_maddubs_epi16(w, x4);
+    __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(pairs));
+    return acc;
+}
+
+/* Codes of 16 rows x 4 k's (4 vectors, one k each, byte j = row j) -> 16 words, row j's 4 codes in word j. */
+static inline void store_step(uint8_t *dst, __m128i k0, __m128i k1, __m128i k2, __m128i k3) {
+    __m128i a = _mm_unpacklo_epi8(k0, k1), b = _mm_unpackhi_epi8(k0, k1);  /* rows 0-7, 8-15: (k0, k1) */
+    __m128i c = _mm_unpacklo_epi8(k2, k3), d = _mm_unpackhi_epi8(k2, k3);
+    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(a, c));
+    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi16(a, c));
+    _mm_storeu_si128((__m128i *)(dst + 32), _mm_unpacklo_epi16(b, d));
+    _mm_storeu_si128((__m128i *)(dst + 48), _mm_unpackhi_epi16(b, d));
+}
+
+/* Strip s of I4R64 rows row0 + 16 s .. (row0 a multiple of 64), group g: codes, then scales and zeros. */
+static void pack_i4r64_group(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t row,
+                             int64_t g, uint8_t *codes, float *sz) {
+    const uint8_t *block = packed + (row / 64) * 64 * (k / 2);
+    int byte0 = (int)(row % 32), high = (int)(row % 64) >= 32;
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int p = 0; p < 8; p++) {
+        __m128i q[4];
+        for (int j = 0; j < 4; j++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(block + (g * I8_GROUP + 4 * p + j) * 32 + byte0));
+            q[j] = _mm_and_si128(high ? _mm_srli_epi16(b, 4) : b, low4);
+        }
+        store_step(codes + p * STEP_BYTES, q[0], q[1], q[2], q[3]);
+    }
+    for (int j = 0; j < I8_STRIP; j++) {
+        const uint16_t *pair = scale_zero + (g * n + row + j) * 2;
+        float scale = bf16_to_f32(pair[0]);
+        sz[j] = scale;
+        sz[I8_STRIP + j] = bf16_to_f32(pair[1]) - 8.f * scale;
+    }
+}
+
+/* Group s (16 rows) of Q8R16 blocks holding Q5_0 values (-16..15), block g: codes q + 16, scales, zeros. */
+static void pack_q8r16_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g, uint8_t *codes, float *sz) {
+    const uint8_t *block = rows + (s * (k / 32) + g) * 544;  /* q8r16.c: 16 fp16 d, then 16 k-pairs x 16 rows */
+    const __m128i bias = _mm_set1_epi8(16);
+    for (int p = 0; p < 8; p++) {
+        const uint8_t *pairs = block + 32 + 64 * p;  /* k-pairs 2p and 2p + 1, 16 rows x 2 bytes each */
+        __m128i a0 = _mm_loadu_si128((const __m128i *)pairs), a1 = _mm_loadu_si128((const __m128i *)(pairs + 16));
+        __m128i b0 = _mm_loadu_si128((const __m128i *)(pairs + 32)), b1 = _mm_loadu_si128((const __m128i *)(pairs + 48));
+        uint8_t *dst = codes + p * STEP_BYTES;
+        _mm_storeu_si128((__m128i *)dst, _mm_add_epi8(_mm_unpacklo_epi16(a0, b0), bias));
+        _mm_storeu_si128((__m128i *)(dst + 16), _mm_add_epi8(_mm_unpackhi_epi16(a0, b0), bias));
+        _mm_storeu_si128((__m128i *)(dst + 32), _mm_add_epi8(_mm_unpacklo_epi16(a1, b1), bias));
+        _mm_storeu_si128((__m128i *)(dst + 48), _mm_add_epi8(_mm_unpackhi_epi16(a1, b1), bias));
+    }
+    for (int j = 0; j < I8_STRIP; j++) {
+        uint16_t d;
+        memcpy(&d, block + 2 * j, 2);
+        sz[j] = f16_to_f32(d);
+        sz[I8_STRIP + j] = -16.f * sz[j];
+    }
+}
+
+/* round(v * inv) of 32 floats as int8 in their order (|v * inv| <= 127 never saturates). */
+static inline __m256i bytes32(__m256 a, __m256 b, __m256 c, __m256 d, __m256 inv) {
+    __m256i ia = _mm256_cvtps_epi32(_mm256_mul_ps(a, inv)), ib = _mm256_cvtps_epi32(_mm256_mul_ps(b, inv));
+    __m256i ic = _mm256_cvtps_epi32(_mm256_mul_ps(c, inv)), id = _mm256_cvtps_epi32(_mm256_mul_ps(d, inv));
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ia, ib), _mm256_packs_epi32(ic, id));
+    /* per 128-bit lane the packs interleave: words k0-3, k8-11, k16-19, k24-27 | k4-7, ... */
+    return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* One token: its activations times keep (0 on the outlier channels) -> int8 codes, sx and xsum per group.
+   xsum is the sum of the rounded activations (sx * sum qx), not of x: then the zeros meet the same
+   activations as the codes, and the rounding's error is (qx sx - x) w, not (qx sx - x)(w - zero), which
+   is ~2x larger for codes 0..15 (SmolLM2's logits moved 3.5 instead of 1.1 on a chat prompt). */
+static void quantize_row(const float *x, const float *keep, int64_t k, int8_t *qx, float *stats) {
+    for (int64_t g = 0; g < k / I8_GROUP; g++) {
+        __m256 v[4], m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_mul_ps(_mm256_loadu_ps(x + g * I8_GROUP + 8 * i), _mm256_loadu_ps(keep + g * I8_GROUP + 8 * i));
+            m = _mm256_max_ps(m, vf_abs(v[i]));
+        }
+        float amax = vf_hmax(m), sx = amax > 0.f ? amax / X_MAX : 1.f;
+        __m256 inv = _mm256_set1_ps(amax > 0.f ? X_MAX / amax : 0.f);
+        for (int i = 0; i < 4; i++) {
+            v[i] = vf_round(_mm256_mul_ps(v[i], inv));  /* the codes, as floats: converting them is exact */
+            sum = _mm256_add_ps(sum, v[i]);
+        }
+        stats[2 * g] = sx;
+        stats[2 * g + 1] = sx * vf_sum(sum);
+        _mm256_storeu_si256((__m256i *)(qx + g * I8_GROUP), bytes32(v[0], v[1], v[2], v[3], _mm256_set1_ps(1.f)));
+    }
+}
+
+/* out[t][0..16) for tt <= I8_TILE tokens (rows of rb bytes from act) of one strip; the products of
+   `steps` 4-k steps are summed in int16 before they are widened (8 for 4-bit codes, 4 for 5-bit). */
+ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, float *out,
+                        int64_t ldo, int tt, int steps) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[I8_TILE][2];
+    for (int i = 0; i < tt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < k / I8_GROUP; g++) {
+        const uint8_t *w = codes + g * (GROUP_BYTES + 4 * GROUP_FLOATS);
+        const float *scale = (const float *)(w + GROUP_BYTES), *zero = scale + I8_STRIP;
+        __m256 ss[I8_TILE][2];
+        for (int i = 0; i < tt; i++) {
+            const float *stats = (const float *)(act + i * rb + k) + 2 * g;
+            __m256 sx = _mm256_set1_ps(stats[0]), xsum = _mm256_set1_ps(stats[1]);
+            ss[i][0] = _mm256_mul_ps(_mm256_loadu_ps(scale), sx);
+            ss[i][1] = _mm256_mul_ps(_mm256_loadu_ps(scale + 8), sx);
+            acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(zero), xsum, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(zero + 8), xsum, acc[i][1]);
+        }
+        for (int p0 = 0; p0 < 8; p0 += steps) {
+            __m256i sums[I8_TILE][2];
+            for (int i = 0; i < tt; i++) sums[i][0] = sums[i][1] = _mm256_setzero_si256();
+            for (int p = p0; p < p0 + steps; p++) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES));
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES + 32));
+                for (int i = 0; i < tt; i++) {
+                    int32_t word;  /* activations 4p .. 4p + 3 of group g */
+                    memcpy(&word, act + i * rb + g * I8_GROUP + 4 * p, 4);
+                    __m256i x4 = _mm256_set1_epi32(word);
+                    sums[i][0] = maddubs_acc(sums[i][0], w0, x4);
+                    sums[i][1] = maddubs_acc(sums[i][1], w1, x4);
+                }
+            }
+            for (int i = 0; i < tt; i++)
+                for (int h = 0; h < 2; h++)
+                    acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sums[i][h], ones)), ss[i][h], acc[i][h]);
+        }
+    }
+    for (int i = 0; i < tt; i++) {
+        _mm256_storeu_ps(out + i * ldo, acc[i][0]);
+        _mm256_storeu_ps(out + i * ldo + 8, acc[i][1]);
+    }
+}
+
+/* one instance per token count and code width, so that the accumulators stay in registers */
+static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, float *out,
+                     int64_t ldo, int tt, int bits) {
+#define I8_TILES(steps)                                                   \
+    switch (tt) {                                                         \
+    case 4: tile(codes, act, rb, k, out, ldo, 4, steps); break;       \
+    case 3: tile(codes, act, rb, k, out, ldo, 3, steps); break;       \
+    case 2: tile(codes, act, rb, k, out, ldo, 2, steps); break;       \
+    default: tile(codes, act, rb, k, out, ldo, 1, steps); break;      \
+    }
+    if (bits <= 4) {
+        I8_TILES(8)
+    } else {
+        I8_TILES(4)
+    }
+#undef I8_TILES
+}
+#endif
+
+/* Whether this build has the 8-bit prompt GEMM. */
+int edgellm_int8_gemm_native(void) {
+#ifdef I8_NATIVE
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Bytes of a packed (n, k) weight, and of the quantized activations of t tokens (after k floats of mask). */
+int64_t edgellm_int8_panel_bytes(int64_t n, int64_t k) { return n * k + n * (k / I8_GROUP) * 4 * 2; }
+int64_t edgellm_int8_act_bytes(int64_t t, int64_t k) { return 4 * k + t * row_bytes(k); }
+
+/* Pack rows row0 .. row0 + rows of an (n, k) I4R64 weight with one plane and groups of 32 (int4_layout.h);
+   row0 and rows multiples of 64. */
+void edgellm_int8_pack_i4r64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t row0,
+                             int64_t rows, void *panel, int threads) {
+#ifdef I8_NATIVE
+    int64_t groups = k / I8_GROUP, strip_bytes = groups * (GROUP_BYTES + 4 * GROUP_FLOATS);
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (int64_t s = 0; s < rows / I8_STRIP; s++)
+        for (int64_t g = 0; g < groups; g++) {
+            uint8_t *codes = (uint8_t *)panel + s * strip_bytes + g * (GROUP_BYTES + 4 * GROUP_FLOATS);
+            pack_i4r64_group(packed, scale_zero, n, k, row0 + s * I8_STRIP, g, codes, (float *)(codes + GROUP_BYTES));
+        }
+#else
+    (void)packed, (void)scale_zero, (void)n, (void)k, (void)row0, (void)rows, (void)panel, (void)threads;
+#endif
+}
+
+/* Pack n rows of Q8R16 blocks whose values are Q5_0's (-16..15: q5_0_as_q8_0's output). */
+void edgellm_int8_pack_q8r16(const uint8_t *rows, int64_t n, int64_t k, void *panel, int threads) {
+#ifdef I8_NATIVE
+    int64_t groups = k / I8_GROUP, strip_bytes = groups * (GROUP_BYTES + 4 * GROUP_FLOATS);
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (int64_t s = 0; s < n / I8_STRIP; s++)
+        for (int64_t g = 0; g < groups; g++) {
+            uint8_t *codes = (uint8_t *)panel + s * strip_bytes + g * (GROUP_BYTES + 4 * GROUP_FLOATS);
+            pack_q8r16_group(rows, k, s, g, codes, (float *)(codes + GROUP_BYTES));
+        }
+#else
+    (void)rows, (void)n, (void)k, (void)panel, (void)threads;
+#endif
+}
+
+/* Quantize x (t, k) fp32 into act, the channels `outliers` (r of them) left out. */
+void edgellm_int8_quantize(const float *x, int64_t t, int64_t k, const int64_t *outliers, int64_t r, void *act,
+                           int threads) {
+#ifdef I8_NATIVE
+    float *keep = (float *)act;
+    uint8_t *rows = (uint8_t *)act + 4 * k;
+    int64_t rb = row_bytes(k);
+    for (int64_t i = 0; i < k; i++) keep[i] = 1.f;
+    for (int64_t j = 0; j < r; j++) keep[outliers[j]] = 0.f;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < t; i++)
+        quantize_row(x + i * k, keep, k, (int8_t *)(rows + i * rb), (float *)(rows + i * rb + k));
+#else
+    (void)x, (void)t, (void)k, (void)outliers, (void)r, (void)act, (void)threads;
+#endif
+}
+
+/* out (t, n), row stride ldo, = the quantized activations times the packed (n, k) weight, transposed;
+   bits: the codes' width (4: I4R64, 5: Q5_0). */
+void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel, int64_t n, int bits, float *out,
+                       int64_t ldo, int threads) {
+#ifdef I8_NATIVE
+    const uint8_t *rows = (const uint8_t *)act + 4 * k;
+    int64_t rb = row_bytes(k), tiles = (t + I8_TILE - 1) / I8_TILE;
+    int64_t strip_bytes = (k / I8_GROUP) * (GROUP_BYTES + 4 * GROUP_FLOATS);
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (int64_t s = 0; s < n / I8_STRIP; s++)
+        for (int64_t tile_i = 0; tile_i < tiles; tile_i++) {
+            int64_t t0 = tile_i * I8_TILE;
+            tile_any((const uint8_t *)panel + s * strip_bytes, rows + t0 * rb, rb, k, out + t0 * ldo + s * I8_STRIP,
+                     ldo, (int)(t - t0 < I8_TILE ? t - t0 : I8_TILE), bits);
+        }
+#else
+    (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)threads;
+#endif
+}
+
+/* cols (r, n) fp32: the packed weight's columns `which` (the outlier channels), w = scale * q + zero. */
+void edgellm_int8_columns(const void *panel, int64_t n, int64_t k, const int64_t *which, int64_t r, float *cols) {
+    int64_t groups = k / I8_GROUP, group_bytes = GROUP_BYTES + 4 * GROUP_FLOATS;
+    for (int64_t j = 0; j < r; j++) {
+        int64_t c = which[j], g = c / I8_GROUP, p = (c % I8_GROUP) / 4;
+        for (int64_t row = 0; row < n; row++) {
+            const uint8_t *codes = (const uint8_t *)panel + ((row / I8_STRIP) * groups + g) * group_bytes;
+            const float *sz = (const float *)(codes + GROUP_BYTES);
+            int64_t lane = row % I8_STRIP;
+            cols[j * n + row] = sz[lane] * (float)codes[p * STEP_BYTES + 4 * lane + c % 4] + sz[I8_STRIP + lane];
+        }
+    }
+}

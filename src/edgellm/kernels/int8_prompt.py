@@ -1,0 +1,86 @@
+"""A prompt's GEMMs in 8-bit integers on AVX2 CPUs without AVX-VNNI or AVX-512 (int8_gemm.c), where
+PyTorch's fp32 GEMM is all there is otherwise: the weights multiplied exactly as the model holds them
+(4-bit I4R64 codes, Q5_0 values in Q8R16 blocks), the activations rounded to int8 per token and group
+of 32, except the OUTLIERS channels with the largest values over the prompt, which are multiplied in
+fp32 beside.
+
+One `Int8Prompt` quantizes a linear's input once for all of its weights (fused parts, row chunks)."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from edgellm.kernels.build import library, profiled
+from edgellm.kernels.prompt import scratch
+
+GROUP = 32  # k per activation / weight group (int8_gemm.c)
+STRIP = 16  # rows per packed strip
+# Channels multiplied in fp32: SmolLM2's teacher-forced KL against transformers 2.8e-3 with none,
+# 7e-4 with 16 (int16 activations: 1.3e-4); they cost 16 / K of an fp32 GEMM.
+OUTLIERS = 16
+
+
+def int8_gemm_native(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether this build has the 8-bit prompt GEMM (the plain avx2 variant)."""
+    lib = lib or library()
+    return lib is not None and bool(lib.edgellm_int8_gemm_native())
+
+
+def int8_takes_i4r64(n: int, k: int, group: int, planes: int, lib: ctypes.CDLL | None = None) -> bool:
+    """Whether an (n, k) I4R64 weight goes to the int8 GEMM: one plane of 4-bit codes, groups of 32."""
+    return planes == 1 and group == GROUP and k % GROUP == 0 and n % 64 == 0 and int8_gemm_native(lib)
+
+
+class Int8Prompt:
+    """x (T, K) fp32, quantized once (int8_gemm.c), times the weights of one linear."""
+
+    def __init__(self, x: torch.Tensor, lib: ctypes.CDLL | None = None):
+        self.lib = lib or library()
+        if x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] % GROUP:
+            raise ValueError(f"Int8Prompt takes fp32 (T, K) activations with K % {GROUP} == 0, got {x.dtype} "
+                             f"{tuple(x.shape)}")
+        x = x.contiguous()
+        self.t, self.k = x.shape
+        self.threads = torch.get_num_threads()
+        self.outliers = x.abs().amax(dim=0).topk(min(OUTLIERS, self.k)).indices.contiguous()
+        self.x_outliers = x[:, self.outliers].contiguous()  # (T, r): their fp32 product is added after
+        self.act = scratch(self.lib.edgellm_int8_act_bytes(self.t, self.k), torch.uint8, "int8 activations")
+        with profiled("edgellm::int8_quantize"):
+            self.lib.edgellm_int8_quantize(x.data_ptr(), self.t, self.k, self.outliers.data_ptr(), len(self.outliers),
+                                           self.act.data_ptr(), self.threads)
+
+    def _panel(self, n: int) -> torch.Tensor:
+        return scratch(self.lib.edgellm_int8_panel_bytes(n, self.k), torch.uint8, "int8 panel")
+
+    def _times(self, panel: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+        out = torch.empty(self.t, n, dtype=torch.float32)
+        columns = torch.empty(len(self.outliers), n, dtype=torch.float32)
+        with profiled("edgellm::int8_gemm"):
+            self.lib.edgellm_int8_gemm(self.act.data_ptr(), self.t, self.k, panel.data_ptr(), n, bits, out.data_ptr(), n,
+                                       self.threads)
+            self.lib.edgellm_int8_columns(panel.data_ptr(), n, self.k, self.outliers.data_ptr(), len(self.outliers),
+                                          columns.data_ptr())
+        return out.addmm_(self.x_outliers, columns)
+
+    def times_i4r64(self, packed: torch.Tensor, scale_zero: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
+        """(T, end - start): rows [start, end) (multiples of 64) of an I4R64 weight (one plane, groups of 32)."""
+        n, k = packed.shape[0], packed.shape[1] * 2
+        start, end = rows
+        if k != self.k or start % 64 or end % 64 or not 0 <= start < end <= n:
+            raise ValueError(f"rows [{start}, {end}) of an ({n}, {k}) I4R64 weight do not fit K = {self.k}")
+        panel = self._panel(end - start)
+        with profiled("edgellm::int8_pack"):
+            self.lib.edgellm_int8_pack_i4r64(packed.data_ptr(), scale_zero.data_ptr(), n, k, start, end - start,
+                                             panel.data_ptr(), self.threads)
+        return self._times(panel, end - start, 4)
+
+    def times_q5_0(self, rows: torch.Tensor) -> torch.Tensor:
+        """(T, N): N rows of Q8R16 blocks holding Q5_0 values (-16..15; quant/blocks.py's widened Q5_0)."""
+        n = rows.shape[0]
+        if rows.dtype != torch.uint8 or n % STRIP or rows.shape[1] != self.k // 32 * 34:
+            raise ValueError(f"Q8R16 rows for K = {self.k} must be ({n}, {self.k // 32 * 34}) uint8, N % {STRIP} == 0")
+        rows, panel = rows.contiguous(), self._panel(n)
+        with profiled("edgellm::int8_pack"):
+            self.lib.edgellm_int8_pack_q8r16(rows.data_ptr(), n, self.k, panel.data_ptr(), self.threads)
+        return self._times(panel, n, 5)
