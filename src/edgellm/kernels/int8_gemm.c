@@ -237,6 +237,18 @@ void edgellm_int8_pack_q8r16(const uint8_t *rows, int64_t n, int64_t k, void *pa
 #endif
 }
 
+/* amax[j] = max over the t tokens of |x[i][j]|: what picks the outlier channels. */
+void edgellm_int8_channel_amax(const float *x, int64_t t, int64_t k, float *amax, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t j0 = 0; j0 < k; j0 += I8_GROUP) {
+        vf m[I8_GROUP / VL];
+        for (int v = 0; v < I8_GROUP / VL; v++) m[v] = vf_zero();
+        for (int64_t i = 0; i < t; i++)
+            for (int v = 0; v < I8_GROUP / VL; v++) m[v] = vf_max(m[v], vf_abs(vf_load(x + i * k + j0 + v * VL)));
+        for (int v = 0; v < I8_GROUP / VL; v++) vf_store(amax + j0 + v * VL, m[v]);
+    }
+}
+
 /* Quantize x (t, k) fp32 into act, the channels `outliers` (r of them) left out. */
 void edgellm_int8_quantize(const float *x, int64_t t, int64_t k, const int64_t *outliers, int64_t r, void *act,
                            int threads) {

@@ -43,7 +43,9 @@ class Int8Prompt:
         x = x.contiguous()
         self.t, self.k = x.shape
         self.threads = torch.get_num_threads()
-        self.outliers = x.abs().amax(dim=0).topk(min(OUTLIERS, self.k)).indices.contiguous()
+        amax = torch.empty(self.k, dtype=torch.float32)
+        self.lib.edgellm_int8_channel_amax(x.data_ptr(), self.t, self.k, amax.data_ptr(), self.threads)
+        self.outliers = amax.topk(min(OUTLIERS, self.k)).indices.contiguous()
         self.x_outliers = x[:, self.outliers].contiguous()  # (T, r): their fp32 product is added after
         self.act = scratch(self.lib.edgellm_int8_act_bytes(self.t, self.k), torch.uint8, "int8 activations")
         with profiled("edgellm::int8_quantize"):

@@ -1,0 +1,168 @@
+"""The int8 prompt GEMM (int8_gemm.c, plain AVX2 builds): the weights' own codes (I4R64, widened Q5_0 in
+Q8R16) times int8 activations per token and group of 32, the outlier channels in fp32, against an fp64
+rendering of the same arithmetic and against the fp32 product; and the linears that take it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgellm import kernels
+from edgellm.kernels.int8_prompt import OUTLIERS, Int8Prompt
+from edgellm.kernels.isa import Variant, cpu_features
+from edgellm.quant.int4_pack import pack_int4, scale_zero_pairs
+
+AVX2 = Variant("avx2")
+needs_avx2 = pytest.mark.skipif(not {"avx2", "fma", "f16c", "bmi2", "movbe"} <= cpu_features(),
+                                reason="the CPU cannot run the avx2 kernels")
+
+
+def _rounded_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What int8_gemm.c computes, in fp64: the OUTLIERS channels with the largest |x| exactly, the rest
+    with x rounded to int8 per token and group of 32."""
+    x, w = x.double(), w.double()
+    (t, k), top = x.shape, x.abs().amax(dim=0).topk(OUTLIERS).indices
+    rest = x.clone()
+    rest[:, top] = 0.0
+    groups = rest.view(t, k // 32, 32)
+    sx = groups.abs().amax(-1, keepdim=True) / 127
+    sx[sx == 0] = 1.0
+    rounded = (torch.round(groups / sx) * sx).view(t, k)
+    return rounded @ w.T + x[:, top] @ w[:, top].T
+
+
+def _i4r64(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """packed codes, scale_zero pairs and the fp64 weight they hold: w = (q - 8) * scale + zero."""
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    pairs = scale_zero_pairs(torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3,
+                             torch.randn(n, k // 32, generator=gen) * 0.02)
+    scale, zero = (pairs[..., i].T.double().repeat_interleave(32, dim=1) for i in (0, 1))
+    return pack_int4(q), pairs, (q.double() - 8) * scale + zero
+
+
+def _q5_0_in_q8r16(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8R16 rows holding Q5_0 values (-16..15, as widened Q5_0 blocks are) and their fp64 weight."""
+    v = torch.randint(-16, 16, (n, k), generator=gen, dtype=torch.int8)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3).half()
+    blocks = torch.cat([torch.cat([d[:, b:b + 1].view(torch.uint8), v[:, 32 * b:32 * b + 32].view(torch.uint8)], 1)
+                        for b in range(k // 32)], 1)
+    return kernels.q8_0_as_q8r16(blocks.contiguous(), k), v.double() * d.double().repeat_interleave(32, dim=1)
+
+
+def _activations(t: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(t, k, generator=gen)
+    x[:, 5] *= 40.0  # an outlier channel, as a norm's weight makes them
+    x[0, k // 2:] *= 10.0  # one token louder in its later groups
+    x[-1, :32] = 0.0  # an all-zero group
+    return x
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    exact, fp = _rounded_product(x, w), x.double() @ w.double().T
+    scale = fp.abs().amax(dim=1, keepdim=True)
+    assert ((y.double() - exact).abs() <= 1e-5 * scale).all()  # the same integers, float sums in another order
+    assert ((y.double() - fp).abs() <= 3e-2 * scale).all()  # int8 activations: ~1/254 of a group's largest
+
+
+@needs_avx2
+@pytest.mark.parametrize("t, n, k", [(1, 64, 64), (7, 128, 128), (13, 192, 640), (33, 64, 2048)])
+def test_i4r64_codes_times_int8_activations_are_the_rounded_product(t, n, k):
+    gen = torch.Generator().manual_seed(t * n + k)
+    packed, pairs, w = _i4r64(n, k, gen)
+    x = _activations(t, k, gen)
+    y = Int8Prompt(x, kernels.library_for(AVX2)).times_i4r64(packed, pairs, (0, n))
+    _check(y, x, w)
+
+
+@needs_avx2
+def test_a_row_range_of_an_i4r64_weight_is_its_rows_product():
+    gen = torch.Generator().manual_seed(3)
+    packed, pairs, w = _i4r64(256, 320, gen)
+    x = _activations(9, 320, gen)
+    y = Int8Prompt(x, kernels.library_for(AVX2)).times_i4r64(packed, pairs, (64, 192))
+    assert y.shape == (9, 128)
+    _check(y, x, w[64:192])
+
+
+@needs_avx2
+@pytest.mark.parametrize("t, n, k", [(1, 16, 32), (6, 48, 640), (17, 96, 2048)])
+def test_widened_q5_0_values_times_int8_activations_are_the_rounded_product(t, n, k):
+    gen = torch.Generator().manual_seed(t + n + k)
+    rows, w = _q5_0_in_q8r16(n, k, gen)
+    x = _activations(t, k, gen)
+    _check(Int8Prompt(x, kernels.library_for(AVX2)).times_q5_0(rows), x, w)
+
+
+@needs_avx2
+def test_outlier_channels_leave_the_other_channels_their_precision():
+    """One channel 1000x the others: without it in fp32, every group holding it would round the other
+    31 activations to zero."""
+    gen = torch.Generator().manual_seed(7)
+    packed, pairs, w = _i4r64(64, 256, gen)
+    x = torch.randn(4, 256, generator=gen)
+    x[:, 3] *= 1000.0
+    y = Int8Prompt(x, kernels.library_for(AVX2)).times_i4r64(packed, pairs, (0, 64))
+    without = x.double().clone()
+    without[:, 3] = 0.0
+    rest = without @ w.T  # what the other 255 channels contribute
+    assert ((y.double() - x.double() @ w.T).abs() <= 2e-2 * rest.abs().amax(dim=1, keepdim=True)).all()
+
+
+@needs_avx2
+def test_bad_shapes_are_refused():
+    lib = kernels.library_for(AVX2)
+    with pytest.raises(ValueError, match="K % 32"):
+        Int8Prompt(torch.randn(2, 48), lib)
+    with pytest.raises(ValueError, match="fp32"):
+        Int8Prompt(torch.randn(2, 64).bfloat16(), lib)
+    packed, pairs, _ = _i4r64(64, 64, torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="do not fit"):
+        Int8Prompt(torch.randn(2, 128), lib).times_i4r64(packed, pairs, (0, 64))
+
+
+def test_int8_gemm_is_only_in_plain_avx2_builds(variant, lib):
+    assert kernels.int8_gemm_native(lib) == (variant.name == "avx2" and "vnni" not in variant.extras)
+
+
+@needs_avx2
+def test_linears_on_plain_avx2_take_the_int8_gemm_for_prompts(monkeypatch):
+    """Int4Linear (one plane, groups of 32) and BlockLinear's widened Q5_0 parts go to the int8 GEMM; a
+    BlockLinear's other parts (Q8_0, Q6_K) beside them keep the float GEMM, each part in its place."""
+    import random
+
+    from edgellm.kernels import build, isa
+    from edgellm.quant.blocks import BlockLinear
+    from edgellm.quant.ggml import GGMLType
+    from edgellm.quant.linear import Int4Linear
+
+    from tests.quant import reference
+
+    monkeypatch.setenv("EDGELLM_ISA", "avx2")
+    isa.selected.cache_clear()
+    build.library.cache_clear()
+    try:
+        assert "int8 prompt GEMMs" in kernels.describe()
+        gen = torch.Generator().manual_seed(11)
+        parts, weights = [], []
+        for i, (fmt, n) in enumerate([("Q5_0", 64), ("Q8_0", 32), ("Q5_0", 48), ("Q6_K", 16)]):
+            data = reference.random_tensor(fmt, n * 256, random.Random(i))
+            weights.append(torch.tensor(reference.decode(fmt, data), dtype=torch.float64).view(n, 256))
+            parts.append((torch.frombuffer(bytearray(data), dtype=torch.uint8), GGMLType[fmt], (n, 256)))
+        linear = BlockLinear(parts)
+        assert [p.q5_0 for p in linear.parts] == [True, False, True, False]
+        x = _activations(40, 256, gen)
+        w = torch.cat(weights)
+        y = linear(x)
+        fp = x.double() @ w.T
+        assert ((y.double() - fp).abs() <= 3e-2 * fp.abs().amax(dim=1, keepdim=True)).all()
+        float_rows = slice(64, 96)  # the Q8_0 part: dequantized, fp32 GEMM
+        assert ((y[:, float_rows].double() - fp[:, float_rows]).abs() <= 1e-4 * fp.abs().amax()).all()
+
+        q = torch.randint(0, 16, (128, 256), generator=gen, dtype=torch.uint8)
+        scale, zero = torch.rand(128, 8, generator=gen) * 0.02 + 1e-3, torch.randn(128, 8, generator=gen) * 0.02
+        int4 = Int4Linear(q, scale, zero)
+        w4 = (q.double() - 8) * int4.scale_zero[..., 0].T.double().repeat_interleave(32, 1) \
+            + int4.scale_zero[..., 1].T.double().repeat_interleave(32, 1)
+        _check(int4(x), x, w4)
+    finally:
+        isa.selected.cache_clear()
+        build.library.cache_clear()
