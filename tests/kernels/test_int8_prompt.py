@@ -1,6 +1,7 @@
 """The int8 prompt GEMM (int8_gemm.c, plain AVX2 builds): the weights' own codes (I4R64, widened Q5_0 in
-Q8R16) times int8 activations per token and group of 32, the outlier channels in fp32, against an fp64
-rendering of the same arithmetic and against the fp32 product; and the linears that take it."""
+Q8R16) times int8 activations per token and group of 32, each token's largest activations in fp32,
+against an fp64 rendering of the same arithmetic and against the fp32 product; a token's row whatever
+shares its call; and the linears that take it."""
 from __future__ import annotations
 
 import pytest
@@ -17,17 +18,17 @@ needs_avx2 = pytest.mark.skipif(not {"avx2", "fma", "f16c", "bmi2", "movbe"} <= 
 
 
 def _rounded_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """What int8_gemm.c computes, in fp64: the OUTLIERS channels with the largest |x| exactly, the rest
-    with x rounded to int8 per token and group of 32."""
+    """What int8_gemm.c computes, in fp64: each token's OUTLIERS largest |x| exactly, the rest of its
+    activations rounded to int8 per group of 32."""
     x, w = x.double(), w.double()
-    (t, k), top = x.shape, x.abs().amax(dim=0).topk(OUTLIERS).indices
-    rest = x.clone()
-    rest[:, top] = 0.0
-    groups = rest.view(t, k // 32, 32)
+    t, k = x.shape
+    top = x.abs().topk(OUTLIERS, dim=1).indices
+    outliers = torch.zeros_like(x).scatter_(1, top, x.gather(1, top))
+    groups = (x - outliers).view(t, k // 32, 32)
     sx = groups.abs().amax(-1, keepdim=True) / 127
     sx[sx == 0] = 1.0
     rounded = (torch.round(groups / sx) * sx).view(t, k)
-    return rounded @ w.T + x[:, top] @ w[:, top].T
+    return (rounded + outliers) @ w.T
 
 
 def _i4r64(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,8 +95,8 @@ def test_widened_q5_0_values_times_int8_activations_are_the_rounded_product(t, n
 
 @needs_avx2
 def test_outlier_channels_leave_the_other_channels_their_precision():
-    """One channel 1000x the others: without it in fp32, every group holding it would round the other
-    31 activations to zero."""
+    """One channel 1000x the others: rounded with them, it would round the other 31 activations of its
+    group to zero."""
     gen = torch.Generator().manual_seed(7)
     packed, pairs, w = _i4r64(64, 256, gen)
     x = torch.randn(4, 256, generator=gen)
@@ -105,6 +106,24 @@ def test_outlier_channels_leave_the_other_channels_their_precision():
     without[:, 3] = 0.0
     rest = without @ w.T  # what the other 255 channels contribute
     assert ((y.double() - x.double() @ w.T).abs() <= 2e-2 * rest.abs().amax(dim=1, keepdim=True)).all()
+
+
+@needs_avx2
+def test_a_tokens_row_is_the_same_whatever_shares_its_call():
+    """Quantization, outliers and sums are each token's own: a prompt computed whole and one whose first
+    tokens came from the prefix cache get the same rows, bit for bit."""
+    gen = torch.Generator().manual_seed(9)
+    lib = kernels.library_for(AVX2)
+    packed, pairs, _ = _i4r64(128, 320, gen)
+    rows, _ = _q5_0_in_q8r16(32, 320, gen)
+    x = _activations(11, 320, gen)
+    x[2, 17] = 500.0  # one token's outlier that no other token has
+    whole = Int8Prompt(x, lib)
+    four, five = whole.times_i4r64(packed, pairs, (0, 128)), whole.times_q5_0(rows)
+    for start, end in [(0, 1), (2, 3), (1, 6), (5, 11)]:
+        part = Int8Prompt(x[start:end], lib)
+        assert torch.equal(part.times_i4r64(packed, pairs, (0, 128)), four[start:end])
+        assert torch.equal(part.times_q5_0(rows), five[start:end])
 
 
 @needs_avx2

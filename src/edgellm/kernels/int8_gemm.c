@@ -7,24 +7,30 @@
      w = scale * q + zero          (I4R64: zero = its zero - 8 scale; Q5_0: scale = d, zero = -16 d)
    Only the activations are rounded, per token and group of 32, to int8 (llama.cpp's Q8 blocks):
      qx = round(x / sx),  sx = max |x| / 127
-   except the few channels whose largest |x| over the prompt is largest (OUTLIERS, chosen per call
-   by the caller): a channel that carries an outlier would round the other 31 of every group it is
-   in to a few levels (SmolLM2's norm outputs: teacher-forced KL 2.8e-3 against 7e-4 without them),
-   so they are zeroed here and multiplied in fp32 beside (edgellm_int8_columns).
-     y[t][n] = sum_g scale[n][g] * sx[t][g] * sum_{k in g} q[n][k] qx[t][k]  +  zero[n][g] * xsum[t][g]
-   with xsum[t][g] = sx[t][g] * sum_{k in g} qx[t][k] (quantize_row says why). Pair sums of q * qx are at most
+   except each token's OUTLIERS largest |x|: a channel that carries an outlier would round the other
+   31 of its group to a few levels (SmolLM2's norm outputs have channels 50-100x the rest: prompt KL
+   against transformers 2.8e-3 with none kept, ~7e-4 with 8), so they are zeroed here and multiplied
+   in fp32 in the tile's epilogue, by the weight's columns for them (edgellm_int8_columns).
+     y[t][n] = sum_g scale[n][g] sx[t][g] sum_{k in g} q[n][k] qx[t][k] + zero[n][g] xsum[t][g]
+               + sum_{j < OUTLIERS} x[t][c_tj] w[n][c_tj]
+   with xsum[t][g] = sx[t][g] * sum_{k in g} qx[t][k] (quantize_row says why). Every term is a token's
+   own, summed in a fixed order: a token's row is the same whatever tokens share its call (a prompt
+   computed whole or after a cached prefix gets the same KV). Pair sums of q * qx are at most
    2 * 31 * 127 = 7874, so int16 holds 4 of them (31,496), 8 for 4-bit codes (30,480): the products
    are summed in int16 for half a group (a whole one for 4 bits), then widened once.
 
    The weight is packed per call into strips of 16 rows: per group, 8 steps of 4 k's, each 16 words of
    4 codes (row r's q[k .. k + 3]) that one vpmaddubsw multiplies against a broadcast word of 4
    activations; then the strip's 16 scales and 16 zeros of the group. A tile is 16 rows x 4 tokens. */
+#include <stdlib.h>
+
 #include "simd.h"
 
 #define I8_STRIP 16
 #define I8_GROUP 32
 #define I8_TILE 4
 #define X_MAX 127
+#define I8_MAX_OUTLIERS 16  /* per token, at most */
 #define STEP_BYTES (4 * I8_STRIP)           /* 4 k's of a strip's 16 rows */
 #define GROUP_BYTES (8 * STEP_BYTES)        /* a group's codes of a strip */
 #define GROUP_FLOATS (2 * I8_STRIP)         /* a group's scales and zeros of a strip */
@@ -106,15 +112,15 @@ static inline __m256i bytes32(__m256 a, __m256 b, __m256 c, __m256 d, __m256 inv
     return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* One token: its activations times keep (0 on the outlier channels) -> int8 codes, sx and xsum per group.
+/* One token's activations (its outliers zeroed) -> int8 codes, sx and xsum per group.
    xsum is the sum of the rounded activations (sx * sum qx), not of x: then the zeros meet the same
    activations as the codes, and the rounding's error is (qx sx - x) w, not (qx sx - x)(w - zero), which
    is ~2x larger for codes 0..15 (SmolLM2's logits moved 3.5 instead of 1.1 on a chat prompt). */
-static void quantize_row(const float *x, const float *keep, int64_t k, int8_t *qx, float *stats) {
+static void quantize_row(const float *x, int64_t k, int8_t *qx, float *stats) {
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
         __m256 v[4], m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
         for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_mul_ps(_mm256_loadu_ps(x + g * I8_GROUP + 8 * i), _mm256_loadu_ps(keep + g * I8_GROUP + 8 * i));
+            v[i] = _mm256_loadu_ps(x + g * I8_GROUP + 8 * i);
             m = _mm256_max_ps(m, vf_abs(v[i]));
         }
         float amax = vf_hmax(m), sx = amax > 0.f ? amax / X_MAX : 1.f;
@@ -129,10 +135,20 @@ static void quantize_row(const float *x, const float *keep, int64_t k, int8_t *q
     }
 }
 
+/* The fp32 part: token i's r outliers (values, rows of `cols` at `at`) times their weight columns,
+   16 rows of a strip starting at cols. */
+typedef struct {
+    const float *cols;          /* (u, n): the columns of every channel some token of the call left out */
+    int64_t n;
+    const int32_t *at;          /* (t, r): row of cols of each token's outlier */
+    const float *values;        /* (t, r) */
+    int r;
+} Outliers;
+
 /* out[t][0..16) for tt <= I8_TILE tokens (rows of rb bytes from act) of one strip; the products of
    `steps` 4-k steps are summed in int16 before they are widened (8 for 4-bit codes, 4 for 5-bit). */
-ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, float *out,
-                        int64_t ldo, int tt, int steps) {
+ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o,
+                        float *out, int64_t ldo, int tt, int steps) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[I8_TILE][2];
     for (int i = 0; i < tt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -168,20 +184,26 @@ ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, in
         }
     }
     for (int i = 0; i < tt; i++) {
+        for (int j = 0; j < o->r; j++) {
+            __m256 v = _mm256_set1_ps(o->values[i * o->r + j]);
+            const float *col = o->cols + o->at[i * o->r + j] * o->n;
+            acc[i][0] = _mm256_fmadd_ps(v, _mm256_loadu_ps(col), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(v, _mm256_loadu_ps(col + 8), acc[i][1]);
+        }
         _mm256_storeu_ps(out + i * ldo, acc[i][0]);
         _mm256_storeu_ps(out + i * ldo + 8, acc[i][1]);
     }
 }
 
 /* one instance per token count and code width, so that the accumulators stay in registers */
-static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, float *out,
+static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o, float *out,
                      int64_t ldo, int tt, int bits) {
 #define I8_TILES(steps)                                                   \
     switch (tt) {                                                         \
-    case 4: tile(codes, act, rb, k, out, ldo, 4, steps); break;       \
-    case 3: tile(codes, act, rb, k, out, ldo, 3, steps); break;       \
-    case 2: tile(codes, act, rb, k, out, ldo, 2, steps); break;       \
-    default: tile(codes, act, rb, k, out, ldo, 1, steps); break;      \
+    case 4: tile(codes, act, rb, k, o, out, ldo, 4, steps); break;       \
+    case 3: tile(codes, act, rb, k, o, out, ldo, 3, steps); break;       \
+    case 2: tile(codes, act, rb, k, o, out, ldo, 2, steps); break;       \
+    default: tile(codes, act, rb, k, o, out, ldo, 1, steps); break;      \
     }
     if (bits <= 4) {
         I8_TILES(8)
@@ -201,9 +223,9 @@ int edgellm_int8_gemm_native(void) {
 #endif
 }
 
-/* Bytes of a packed (n, k) weight, and of the quantized activations of t tokens (after k floats of mask). */
+/* Bytes of a packed (n, k) weight, and of the quantized activations of t tokens. */
 int64_t edgellm_int8_panel_bytes(int64_t n, int64_t k) { return n * k + n * (k / I8_GROUP) * 4 * 2; }
-int64_t edgellm_int8_act_bytes(int64_t t, int64_t k) { return 4 * k + t * row_bytes(k); }
+int64_t edgellm_int8_act_bytes(int64_t t, int64_t k) { return t * row_bytes(k); }
 
 /* Pack rows row0 .. row0 + rows of an (n, k) I4R64 weight with one plane and groups of 32 (int4_layout.h);
    row0 and rows multiples of 64. */
@@ -237,59 +259,86 @@ void edgellm_int8_pack_q8r16(const uint8_t *rows, int64_t n, int64_t k, void *pa
 #endif
 }
 
-/* amax[j] = max over the t tokens of |x[i][j]|: what picks the outlier channels. */
-void edgellm_int8_channel_amax(const float *x, int64_t t, int64_t k, float *amax, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t j0 = 0; j0 < k; j0 += I8_GROUP) {
-        vf m[I8_GROUP / VL];
-        for (int v = 0; v < I8_GROUP / VL; v++) m[v] = vf_zero();
-        for (int64_t i = 0; i < t; i++)
-            for (int v = 0; v < I8_GROUP / VL; v++) m[v] = vf_max(m[v], vf_abs(vf_load(x + i * k + j0 + v * VL)));
-        for (int v = 0; v < I8_GROUP / VL; v++) vf_store(amax + j0 + v * VL, m[v]);
+#ifdef I8_NATIVE
+/* The r largest |x[j]| of one token's row (r <= k), in ascending channel order: its outliers. */
+static void largest(const float *x, int64_t k, int r, int32_t *channels) {
+    float best[I8_MAX_OUTLIERS];
+    int n = 0;
+    for (int64_t j = 0; j < k; j++) {
+        float a = fabsf(x[j]);
+        if (n == r && a <= best[r - 1]) continue;
+        int at = n < r ? n++ : r - 1;  /* insert, keeping best[] descending */
+        while (at > 0 && best[at - 1] < a) {
+            best[at] = best[at - 1];
+            channels[at] = channels[at - 1];
+            at--;
+        }
+        best[at] = a;
+        channels[at] = (int32_t)j;
     }
+    for (int i = 1; i < r; i++)  /* ascending channels: a fixed order for their fp32 sum */
+        for (int j = i; j > 0 && channels[j - 1] > channels[j]; j--) {
+            int32_t c = channels[j];
+            channels[j] = channels[j - 1];
+            channels[j - 1] = c;
+        }
 }
+#endif
 
-/* Quantize x (t, k) fp32 into act, the channels `outliers` (r of them) left out. */
-void edgellm_int8_quantize(const float *x, int64_t t, int64_t k, const int64_t *outliers, int64_t r, void *act,
+/* Quantize x (t, k) fp32 into act; each token's r (<= I8_MAX_OUTLIERS) largest channels left out of it,
+   their indices and values in channels / values (t, r). */
+void edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *channels, float *values,
                            int threads) {
 #ifdef I8_NATIVE
-    float *keep = (float *)act;
-    uint8_t *rows = (uint8_t *)act + 4 * k;
+    uint8_t *rows = (uint8_t *)act;
     int64_t rb = row_bytes(k);
-    for (int64_t i = 0; i < k; i++) keep[i] = 1.f;
-    for (int64_t j = 0; j < r; j++) keep[outliers[j]] = 0.f;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < t; i++)
-        quantize_row(x + i * k, keep, k, (int8_t *)(rows + i * rb), (float *)(rows + i * rb + k));
+#pragma omp parallel num_threads(threads)
+    {
+        float *row = (float *)aligned_alloc(32, (size_t)(k * 4 + 31) / 32 * 32);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < t; i++) {
+            memcpy(row, x + i * k, (size_t)k * 4);
+            largest(row, k, r, channels + i * r);
+            for (int j = 0; j < r; j++) {
+                values[i * r + j] = row[channels[i * r + j]];
+                row[channels[i * r + j]] = 0.f;
+            }
+            quantize_row(row, k, (int8_t *)(rows + i * rb), (float *)(rows + i * rb + k));
+        }
+        free(row);
+    }
 #else
-    (void)x, (void)t, (void)k, (void)outliers, (void)r, (void)act, (void)threads;
+    (void)x, (void)t, (void)k, (void)r, (void)act, (void)channels, (void)values, (void)threads;
 #endif
 }
 
-/* out (t, n), row stride ldo, = the quantized activations times the packed (n, k) weight, transposed;
-   bits: the codes' width (4: I4R64, 5: Q5_0). */
+/* out (t, n), row stride ldo, = the quantized activations times the packed (n, k) weight, transposed, plus
+   each token's r outliers (values (t, r)) times their columns: rows at (t, r) of cols (u, n), which
+   edgellm_int8_columns made. bits: the codes' width (4: I4R64, 5: Q5_0). */
 void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel, int64_t n, int bits, float *out,
-                       int64_t ldo, int threads) {
+                       int64_t ldo, const float *cols, const int32_t *at, const float *values, int r, int threads) {
 #ifdef I8_NATIVE
-    const uint8_t *rows = (const uint8_t *)act + 4 * k;
+    const uint8_t *rows = (const uint8_t *)act;
     int64_t rb = row_bytes(k), tiles = (t + I8_TILE - 1) / I8_TILE;
     int64_t strip_bytes = (k / I8_GROUP) * (GROUP_BYTES + 4 * GROUP_FLOATS);
 #pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
     for (int64_t s = 0; s < n / I8_STRIP; s++)
         for (int64_t tile_i = 0; tile_i < tiles; tile_i++) {
             int64_t t0 = tile_i * I8_TILE;
-            tile_any((const uint8_t *)panel + s * strip_bytes, rows + t0 * rb, rb, k, out + t0 * ldo + s * I8_STRIP,
+            Outliers o = {cols + s * I8_STRIP, n, at + t0 * r, values + t0 * r, r};
+            tile_any((const uint8_t *)panel + s * strip_bytes, rows + t0 * rb, rb, k, &o, out + t0 * ldo + s * I8_STRIP,
                      ldo, (int)(t - t0 < I8_TILE ? t - t0 : I8_TILE), bits);
         }
 #else
-    (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)threads;
+    (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)cols, (void)at,
+        (void)values, (void)r, (void)threads;
 #endif
 }
 
-/* cols (r, n) fp32: the packed weight's columns `which` (the outlier channels), w = scale * q + zero. */
-void edgellm_int8_columns(const void *panel, int64_t n, int64_t k, const int64_t *which, int64_t r, float *cols) {
+/* cols (u, n) fp32: the packed weight's columns `which` (the outlier channels), w = scale * q + zero. */
+void edgellm_int8_columns(const void *panel, int64_t n, int64_t k, const int64_t *which, int64_t u, float *cols) {
     int64_t groups = k / I8_GROUP, group_bytes = GROUP_BYTES + 4 * GROUP_FLOATS;
-    for (int64_t j = 0; j < r; j++) {
+    for (int64_t j = 0; j < u; j++) {
         int64_t c = which[j], g = c / I8_GROUP, p = (c % I8_GROUP) / 4;
         for (int64_t row = 0; row < n; row++) {
             const uint8_t *codes = (const uint8_t *)panel + ((row / I8_STRIP) * groups + g) * group_bytes;

@@ -1,8 +1,8 @@
 """A prompt's GEMMs in 8-bit integers on AVX2 CPUs without AVX-VNNI or AVX-512 (int8_gemm.c), where
 PyTorch's fp32 GEMM is all there is otherwise: the weights multiplied exactly as the model holds them
 (4-bit I4R64 codes, Q5_0 values in Q8R16 blocks), the activations rounded to int8 per token and group
-of 32, except the OUTLIERS channels with the largest values over the prompt, which are multiplied in
-fp32 beside.
+of 32, except each token's OUTLIERS largest values, which are multiplied in fp32 beside. A token's
+result depends on its own activations only, whatever else shares the call.
 
 One `Int8Prompt` quantizes a linear's input once for all of its weights (fused parts, row chunks)."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from edgellm.kernels.prompt import scratch
 
 GROUP = 32  # k per activation / weight group (int8_gemm.c)
 STRIP = 16  # rows per packed strip
-# Channels multiplied in fp32: SmolLM2's teacher-forced KL against transformers 2.8e-3 with none,
-# 7e-4 with 16 (int16 activations: 1.3e-4); they cost 16 / K of an fp32 GEMM.
-OUTLIERS = 16
+# Each token's largest activations, multiplied in fp32: SmolLM2's prompt KL against transformers
+# 2.8e-3 with none kept, 9.6e-4 with 2, 8.2e-4 with 4, 7.3e-4 with 8 (emulated; int16 activations: 1.3e-4)
+OUTLIERS = 8
 
 
 def int8_gemm_native(lib: ctypes.CDLL | None = None) -> bool:
@@ -42,31 +42,38 @@ class Int8Prompt:
                              f"{tuple(x.shape)}")
         x = x.contiguous()
         self.t, self.k = x.shape
-        self.threads = torch.get_num_threads()
-        amax = torch.empty(self.k, dtype=torch.float32)
-        self.lib.edgellm_int8_channel_amax(x.data_ptr(), self.t, self.k, amax.data_ptr(), self.threads)
-        self.outliers = amax.topk(min(OUTLIERS, self.k)).indices.contiguous()
-        self.x_outliers = x[:, self.outliers].contiguous()  # (T, r): their fp32 product is added after
+        self.threads, r = torch.get_num_threads(), min(OUTLIERS, self.k)
         self.act = scratch(self.lib.edgellm_int8_act_bytes(self.t, self.k), torch.uint8, "int8 activations")
+        channels = torch.empty(self.t, r, dtype=torch.int32)
+        self.values = torch.empty(self.t, r, dtype=torch.float32)
         with profiled("edgellm::int8_quantize"):
-            self.lib.edgellm_int8_quantize(x.data_ptr(), self.t, self.k, self.outliers.data_ptr(), len(self.outliers),
-                                           self.act.data_ptr(), self.threads)
+            self.lib.edgellm_int8_quantize(x.data_ptr(), self.t, self.k, r, self.act.data_ptr(), channels.data_ptr(),
+                                           self.values.data_ptr(), self.threads)
+        union, at = torch.unique(channels, sorted=True, return_inverse=True)
+        self.channels = union.to(torch.int64)  # every channel some token left out: their weight columns
+        self.at = at.to(torch.int32).contiguous()  # (T, r): each token's outliers as rows of those columns
 
     def _panel(self, n: int) -> torch.Tensor:
         return scratch(self.lib.edgellm_int8_panel_bytes(n, self.k), torch.uint8, "int8 panel")
 
-    def _times(self, panel: torch.Tensor, n: int, bits: int) -> torch.Tensor:
-        out = torch.empty(self.t, n, dtype=torch.float32)
-        columns = torch.empty(len(self.outliers), n, dtype=torch.float32)
+    def _times(self, panel: torch.Tensor, n: int, bits: int, out: torch.Tensor | None) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(self.t, n, dtype=torch.float32)
+        elif out.shape != (self.t, n) or out.dtype != torch.float32 or out.stride(1) != 1:
+            raise ValueError(f"out must be an fp32 ({self.t}, {n}) tensor with contiguous rows")
+        columns = torch.empty(len(self.channels), n, dtype=torch.float32)
         with profiled("edgellm::int8_gemm"):
-            self.lib.edgellm_int8_gemm(self.act.data_ptr(), self.t, self.k, panel.data_ptr(), n, bits, out.data_ptr(), n,
-                                       self.threads)
-            self.lib.edgellm_int8_columns(panel.data_ptr(), n, self.k, self.outliers.data_ptr(), len(self.outliers),
+            self.lib.edgellm_int8_columns(panel.data_ptr(), n, self.k, self.channels.data_ptr(), len(self.channels),
                                           columns.data_ptr())
-        return out.addmm_(self.x_outliers, columns)
+            self.lib.edgellm_int8_gemm(self.act.data_ptr(), self.t, self.k, panel.data_ptr(), n, bits, out.data_ptr(),
+                                       out.stride(0), columns.data_ptr(), self.at.data_ptr(), self.values.data_ptr(),
+                                       self.at.shape[1], self.threads)
+        return out
 
-    def times_i4r64(self, packed: torch.Tensor, scale_zero: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
-        """(T, end - start): rows [start, end) (multiples of 64) of an I4R64 weight (one plane, groups of 32)."""
+    def times_i4r64(self, packed: torch.Tensor, scale_zero: torch.Tensor, rows: tuple[int, int],
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """(T, end - start): rows [start, end) (multiples of 64) of an I4R64 weight (one plane, groups of 32);
+        into `out` (a view with contiguous rows: a slice of a wider output) where given."""
         n, k = packed.shape[0], packed.shape[1] * 2
         start, end = rows
         if k != self.k or start % 64 or end % 64 or not 0 <= start < end <= n:
@@ -75,14 +82,15 @@ class Int8Prompt:
         with profiled("edgellm::int8_pack"):
             self.lib.edgellm_int8_pack_i4r64(packed.data_ptr(), scale_zero.data_ptr(), n, k, start, end - start,
                                              panel.data_ptr(), self.threads)
-        return self._times(panel, end - start, 4)
+        return self._times(panel, end - start, 4, out)
 
-    def times_q5_0(self, rows: torch.Tensor) -> torch.Tensor:
-        """(T, N): N rows of Q8R16 blocks holding Q5_0 values (-16..15; quant/blocks.py's widened Q5_0)."""
+    def times_q5_0(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(T, N): N rows of Q8R16 blocks holding Q5_0 values (-16..15; quant/blocks.py's widened Q5_0); into
+        `out` as times_i4r64."""
         n = rows.shape[0]
         if rows.dtype != torch.uint8 or n % STRIP or rows.shape[1] != self.k // 32 * 34:
             raise ValueError(f"Q8R16 rows for K = {self.k} must be ({n}, {self.k // 32 * 34}) uint8, N % {STRIP} == 0")
         rows, panel = rows.contiguous(), self._panel(n)
         with profiled("edgellm::int8_pack"):
             self.lib.edgellm_int8_pack_q8r16(rows.data_ptr(), n, self.k, panel.data_ptr(), self.threads)
-        return self._times(panel, n, 5)
+        return self._times(panel, n, 5, out)

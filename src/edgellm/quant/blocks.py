@@ -120,16 +120,20 @@ class BlockLinear(nn.Module):
 
     def _prompt(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each part's product with a prompt's rows: widened Q5_0 parts in the int8 GEMM where this build has
-        it (kernels/int8_prompt.py), the others (or all) dequantized for the float GEMM."""
+        it (kernels/int8_prompt.py), written in place into one output, the others (or all) dequantized for
+        the float GEMM."""
         if x.dtype != torch.float32 or not any(p.q5_0 for p in self.parts) or not kernels.int8_gemm_native():
             return [kernels.prompt_matmul(x, self._dequantized(chunk)) for chunk in self._chunks(self.parts)]
-        int8, outs = kernels.Int8Prompt(x), []
+        int8, y, column = kernels.Int8Prompt(x), torch.empty(x.shape[0], self.out_features), 0
         for q5_0, parts in groupby(self.parts, key=lambda p: p.q5_0):
-            if q5_0:
-                outs += [int8.times_q5_0(piece.rows) for piece in self._pieces(list(parts))]
-            else:
-                outs += [kernels.prompt_matmul(x, self._dequantized(chunk)) for chunk in self._chunks(list(parts))]
-        return outs
+            for piece in self._pieces(list(parts)) if q5_0 else self._chunks(list(parts)):
+                n = piece.rows.shape[0] if q5_0 else sum(p.rows.shape[0] for p in piece)
+                if q5_0:
+                    int8.times_q5_0(piece.rows, out=y[:, column:column + n])
+                else:
+                    y[:, column:column + n] = kernels.prompt_matmul(x, self._dequantized(piece))
+                column += n
+        return [y]
 
     @staticmethod
     def _pieces(parts: list[BlockPart]) -> list[BlockPart]:

@@ -157,10 +157,10 @@ class Int4Linear(nn.Module):
         x2 = x2.to(dtype)
         n, step = self.out_features, kernels.SCRATCH_ROWS
         if dtype == torch.float32 and kernels.int8_takes_i4r64(n, self.in_features, self.group, self.planes):
-            int8 = kernels.Int8Prompt(x2)
-            outs = [int8.times_i4r64(self.packed, self.scale_zero, (start, min(start + step, n)))
-                    for start in range(0, n, step)]
-            return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).reshape(*lead, n)
+            int8, y = kernels.Int8Prompt(x2), torch.empty(x2.shape[0], n)
+            for start in range(0, n, step):
+                int8.times_i4r64(self.packed, self.scale_zero, (start, min(start + step, n)), out=y[:, start:start + step])
+            return y.reshape(*lead, n)
         outs = [kernels.prompt_matmul(x2, kernels.int4_unpack(self.packed, self.scale_zero, self.group, self.planes,
                                                               (start, min(start + step, n)), dtype),  # (K, rows)
                                       transposed=True)
