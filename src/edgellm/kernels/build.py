@@ -59,9 +59,8 @@ _SIGNATURES = {
     "edgellm_int8_act_bytes": (_i64, [_i64, _i64]),
     "edgellm_int8_pack_i4r64": (None, [_p, _p, _i64, _i64, _i64, _i64, _p, _i]),
     "edgellm_int8_pack_q8r16": (None, [_p, _i64, _i64, _p, _i]),
-    "edgellm_int8_quantize": (None, [_p, _i64, _i64, _i, _p, _p, _p, _i]),
-    "edgellm_int8_gemm": (None, [_p, _i64, _i64, _p, _i64, _i, _p, _i64, _p, _p, _p, _i, _i]),
-    "edgellm_int8_columns": (None, [_p, _i64, _i64, _p, _i64, _p]),
+    "edgellm_int8_quantize": (_i64, [_p, _i64, _i64, _i, _p, _p, _p, _p, _i]),
+    "edgellm_int8_gemm": (None, [_p, _i64, _i64, _p, _i64, _i, _p, _i64, _p, _i64, _p, _p, _i, _i]),
 }
 
 

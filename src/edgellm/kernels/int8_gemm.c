@@ -10,7 +10,7 @@
    except each token's OUTLIERS largest |x|: a channel that carries an outlier would round the other
    31 of its group to a few levels (SmolLM2's norm outputs have channels 50-100x the rest: prompt KL
    against transformers 2.8e-3 with none kept, ~7e-4 with 8), so they are zeroed here and multiplied
-   in fp32 in the tile's epilogue, by the weight's columns for them (edgellm_int8_columns).
+   in fp32 in the tile's epilogue, by the weight's columns for them (strip_columns).
      y[t][n] = sum_g scale[n][g] sx[t][g] sum_{k in g} q[n][k] qx[t][k] + zero[n][g] xsum[t][g]
                + sum_{j < OUTLIERS} x[t][c_tj] w[n][c_tj]
    with xsum[t][g] = sx[t][g] * sum_{k in g} qx[t][k] (quantize_row says why). Every term is a token's
@@ -135,15 +135,32 @@ static void quantize_row(const float *x, int64_t k, int8_t *qx, float *stats) {
     }
 }
 
-/* The fp32 part: token i's r outliers (values, rows of `cols` at `at`) times their weight columns,
-   16 rows of a strip starting at cols. */
+/* The fp32 part of a tile: token i's r outliers (values) times their weight columns, 16 rows of the strip
+   each, rows at[i * r + j] of cols (strip_columns). */
 typedef struct {
-    const float *cols;          /* (u, n): the columns of every channel some token of the call left out */
-    int64_t n;
-    const int32_t *at;          /* (t, r): row of cols of each token's outlier */
+    const float *cols;          /* (u, 16): the strip's rows of every channel some token of the call left out */
+    const int32_t *at;          /* (t, r) */
     const float *values;        /* (t, r) */
     int r;
 } Outliers;
+
+/* cols (u, 16) = the strip's 16 rows of columns `channels` (u of them), w = scale * q + zero: computed once
+   a strip for all its tiles (a quarter to a half of K, measured: many tokens have outliers of their own). */
+static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t u, float *cols) {
+    for (int64_t j = 0; j < u; j++) {
+        int c = channels[j];
+        const uint8_t *group = strip + (c / I8_GROUP) * (GROUP_BYTES + 4 * GROUP_FLOATS);
+        const uint8_t *step = group + ((c % I8_GROUP) / 4) * STEP_BYTES;
+        const float *scale = (const float *)(group + GROUP_BYTES), *zero = scale + I8_STRIP;
+        __m128i shift = _mm_cvtsi32_si128(8 * (c % 4));  /* row r's code for c: byte c % 4 of word r */
+        for (int h = 0; h < 2; h++) {
+            __m256i words = _mm256_loadu_si256((const __m256i *)(step + 32 * h));
+            __m256i q = _mm256_and_si256(_mm256_srl_epi32(words, shift), _mm256_set1_epi32(0xFF));
+            __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(scale + 8 * h), _mm256_loadu_ps(zero + 8 * h));
+            _mm256_storeu_ps(cols + j * I8_STRIP + 8 * h, w);
+        }
+    }
+}
 
 /* out[t][0..16) for tt <= I8_TILE tokens (rows of rb bytes from act) of one strip; the products of
    `steps` 4-k steps are summed in int16 before they are widened (8 for 4-bit codes, 4 for 5-bit). */
@@ -186,7 +203,7 @@ ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, in
     for (int i = 0; i < tt; i++) {
         for (int j = 0; j < o->r; j++) {
             __m256 v = _mm256_set1_ps(o->values[i * o->r + j]);
-            const float *col = o->cols + o->at[i * o->r + j] * o->n;
+            const float *col = o->cols + o->at[i * o->r + j] * I8_STRIP;
             acc[i][0] = _mm256_fmadd_ps(v, _mm256_loadu_ps(col), acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(v, _mm256_loadu_ps(col + 8), acc[i][1]);
         }
@@ -260,21 +277,42 @@ void edgellm_int8_pack_q8r16(const uint8_t *rows, int64_t n, int64_t k, void *pa
 }
 
 #ifdef I8_NATIVE
-/* The r largest |x[j]| of one token's row (r <= k), in ascending channel order: its outliers. */
+/* Insert (v, j) into the n <= r largest so far, best[] descending; returns the new n. */
+static inline int keep_largest(float *best, int32_t *channels, int n, int r, float v, int32_t j) {
+    if (n == r && v <= best[r - 1]) return n;
+    int at = n < r ? n++ : r - 1;
+    for (; at > 0 && best[at - 1] < v; at--) {
+        best[at] = best[at - 1];
+        channels[at] = channels[at - 1];
+    }
+    best[at] = v;
+    channels[at] = j;
+    return n;
+}
+
+/* The r largest |x[j]| of one token's row (0 < r <= k, k % 8 == 0), in ascending channel order: its
+   outliers. The row falls into k / 8 parts (lane l of 8 consecutive vectors); each of the r parts with the
+   largest maxima holds a value >= the r-th largest of those maxima, so that value bounds the r-th
+   largest |x| from below: one pass finds it (a vmaxps a vector), a second takes the few values at or
+   above it. */
 static void largest(const float *x, int64_t k, int r, int32_t *channels) {
-    float best[I8_MAX_OUTLIERS];
+    float best[I8_MAX_OUTLIERS], maxima[8] __attribute__((aligned(32)));
     int n = 0;
-    for (int64_t j = 0; j < k; j++) {
-        float a = fabsf(x[j]);
-        if (n == r && a <= best[r - 1]) continue;
-        int at = n < r ? n++ : r - 1;  /* insert, keeping best[] descending */
-        while (at > 0 && best[at - 1] < a) {
-            best[at] = best[at - 1];
-            channels[at] = channels[at - 1];
-            at--;
+    for (int64_t j0 = 0; j0 < k; j0 += 64) {
+        __m256 m = vf_abs(_mm256_loadu_ps(x + j0));
+        for (int64_t j = j0 + 8; j < j0 + 64 && j < k; j += 8) m = _mm256_max_ps(m, vf_abs(_mm256_loadu_ps(x + j)));
+        if (n == r && !_mm256_movemask_ps(_mm256_cmp_ps(m, _mm256_set1_ps(best[r - 1]), _CMP_GT_OQ))) continue;
+        _mm256_store_ps(maxima, m);
+        for (int b = 0; b < 8; b++) n = keep_largest(best, channels, n, r, maxima[b], 0);
+    }
+    __m256 floor = _mm256_set1_ps(n == r ? best[r - 1] : 0.f);  /* fewer than r parts: every value */
+    n = 0;
+    for (int64_t j0 = 0; j0 < k; j0 += 8) {
+        __m256 a = vf_abs(_mm256_loadu_ps(x + j0));
+        for (int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, floor, _CMP_GE_OQ)); mask; mask &= mask - 1) {
+            int64_t j = j0 + __builtin_ctz(mask);
+            n = keep_largest(best, channels, n, r, fabsf(x[j]), (int32_t)j);
         }
-        best[at] = a;
-        channels[at] = (int32_t)j;
     }
     for (int i = 1; i < r; i++)  /* ascending channels: a fixed order for their fp32 sum */
         for (int j = i; j > 0 && channels[j - 1] > channels[j]; j--) {
@@ -285,10 +323,11 @@ static void largest(const float *x, int64_t k, int r, int32_t *channels) {
 }
 #endif
 
-/* Quantize x (t, k) fp32 into act; each token's r (<= I8_MAX_OUTLIERS) largest channels left out of it,
-   their indices and values in channels / values (t, r). */
-void edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *channels, float *values,
-                           int threads) {
+/* Quantize x (t, k) fp32 into act. Each token's r (<= I8_MAX_OUTLIERS) largest channels are left out of
+   it, their values in values (t, r); union (k) gets the u channels some token left out, ascending, and
+   at (t, r) each token's outliers as indices into it. Returns u. */
+int64_t edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *at, float *values,
+                              int32_t *channels, int threads) {
 #ifdef I8_NATIVE
     uint8_t *rows = (uint8_t *)act;
     int64_t rb = row_bytes(k);
@@ -298,53 +337,56 @@ void edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void *ac
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < t; i++) {
             memcpy(row, x + i * k, (size_t)k * 4);
-            largest(row, k, r, channels + i * r);
+            if (r > 0) largest(row, k, r, at + i * r);
             for (int j = 0; j < r; j++) {
-                values[i * r + j] = row[channels[i * r + j]];
-                row[channels[i * r + j]] = 0.f;
+                values[i * r + j] = row[at[i * r + j]];
+                row[at[i * r + j]] = 0.f;
             }
             quantize_row(row, k, (int8_t *)(rows + i * rb), (float *)(rows + i * rb + k));
         }
         free(row);
     }
+    for (int64_t c = 0; c < k; c++) channels[c] = -1;  /* then: position in the union, or -1 */
+    for (int64_t i = 0; i < t * r; i++) channels[at[i]] = 0;
+    int64_t u = 0;
+    for (int64_t c = 0; c < k; c++)
+        if (channels[c] == 0) channels[c] = (int32_t)u++;
+    for (int64_t i = 0; i < t * r; i++) at[i] = channels[at[i]];
+    for (int64_t c = 0, j = 0; c < k; c++)  /* in place: position j <= c */
+        if (channels[c] >= 0) channels[j++] = (int32_t)c;
+    return u;
 #else
-    (void)x, (void)t, (void)k, (void)r, (void)act, (void)channels, (void)values, (void)threads;
+    (void)x, (void)t, (void)k, (void)r, (void)act, (void)at, (void)values, (void)channels, (void)threads;
+    return 0;
 #endif
 }
 
 /* out (t, n), row stride ldo, = the quantized activations times the packed (n, k) weight, transposed, plus
-   each token's r outliers (values (t, r)) times their columns: rows at (t, r) of cols (u, n), which
-   edgellm_int8_columns made. bits: the codes' width (4: I4R64, 5: Q5_0). */
+   each token's r outliers (values (t, r)) times their weight columns: channels[at[i][j]] of the u
+   `channels`. bits: the codes' width (4: I4R64, 5: Q5_0). A strip at a time per thread, all tokens. */
 void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel, int64_t n, int bits, float *out,
-                       int64_t ldo, const float *cols, const int32_t *at, const float *values, int r, int threads) {
+                       int64_t ldo, const int32_t *channels, int64_t u, const int32_t *at, const float *values, int r,
+                       int threads) {
 #ifdef I8_NATIVE
     const uint8_t *rows = (const uint8_t *)act;
-    int64_t rb = row_bytes(k), tiles = (t + I8_TILE - 1) / I8_TILE;
-    int64_t strip_bytes = (k / I8_GROUP) * (GROUP_BYTES + 4 * GROUP_FLOATS);
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (int64_t s = 0; s < n / I8_STRIP; s++)
-        for (int64_t tile_i = 0; tile_i < tiles; tile_i++) {
-            int64_t t0 = tile_i * I8_TILE;
-            Outliers o = {cols + s * I8_STRIP, n, at + t0 * r, values + t0 * r, r};
-            tile_any((const uint8_t *)panel + s * strip_bytes, rows + t0 * rb, rb, k, &o, out + t0 * ldo + s * I8_STRIP,
-                     ldo, (int)(t - t0 < I8_TILE ? t - t0 : I8_TILE), bits);
+    int64_t rb = row_bytes(k), strip_bytes = (k / I8_GROUP) * (GROUP_BYTES + 4 * GROUP_FLOATS);
+#pragma omp parallel num_threads(threads)
+    {
+        float *cols = (float *)aligned_alloc(32, (size_t)(u > 0 ? u : 1) * I8_STRIP * 4);
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < n / I8_STRIP; s++) {
+            const uint8_t *strip = (const uint8_t *)panel + s * strip_bytes;
+            strip_columns(strip, channels, u, cols);
+            for (int64_t t0 = 0; t0 < t; t0 += I8_TILE) {
+                Outliers o = {cols, at + t0 * r, values + t0 * r, r};
+                tile_any(strip, rows + t0 * rb, rb, k, &o, out + t0 * ldo + s * I8_STRIP, ldo,
+                         (int)(t - t0 < I8_TILE ? t - t0 : I8_TILE), bits);
+            }
         }
-#else
-    (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)cols, (void)at,
-        (void)values, (void)r, (void)threads;
-#endif
-}
-
-/* cols (u, n) fp32: the packed weight's columns `which` (the outlier channels), w = scale * q + zero. */
-void edgellm_int8_columns(const void *panel, int64_t n, int64_t k, const int64_t *which, int64_t u, float *cols) {
-    int64_t groups = k / I8_GROUP, group_bytes = GROUP_BYTES + 4 * GROUP_FLOATS;
-    for (int64_t j = 0; j < u; j++) {
-        int64_t c = which[j], g = c / I8_GROUP, p = (c % I8_GROUP) / 4;
-        for (int64_t row = 0; row < n; row++) {
-            const uint8_t *codes = (const uint8_t *)panel + ((row / I8_STRIP) * groups + g) * group_bytes;
-            const float *sz = (const float *)(codes + GROUP_BYTES);
-            int64_t lane = row % I8_STRIP;
-            cols[j * n + row] = sz[lane] * (float)codes[p * STEP_BYTES + 4 * lane + c % 4] + sz[I8_STRIP + lane];
-        }
+        free(cols);
     }
+#else
+    (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)channels, (void)u,
+        (void)at, (void)values, (void)r, (void)threads;
+#endif
 }

@@ -44,14 +44,13 @@ class Int8Prompt:
         self.t, self.k = x.shape
         self.threads, r = torch.get_num_threads(), min(OUTLIERS, self.k)
         self.act = scratch(self.lib.edgellm_int8_act_bytes(self.t, self.k), torch.uint8, "int8 activations")
-        channels = torch.empty(self.t, r, dtype=torch.int32)
+        self.at = torch.empty(self.t, r, dtype=torch.int32)  # each token's outliers, as indices into channels
         self.values = torch.empty(self.t, r, dtype=torch.float32)
+        channels = torch.empty(self.k, dtype=torch.int32)
         with profiled("edgellm::int8_quantize"):
-            self.lib.edgellm_int8_quantize(x.data_ptr(), self.t, self.k, r, self.act.data_ptr(), channels.data_ptr(),
-                                           self.values.data_ptr(), self.threads)
-        union, at = torch.unique(channels, sorted=True, return_inverse=True)
-        self.channels = union.to(torch.int64)  # every channel some token left out: their weight columns
-        self.at = at.to(torch.int32).contiguous()  # (T, r): each token's outliers as rows of those columns
+            u = self.lib.edgellm_int8_quantize(x.data_ptr(), self.t, self.k, r, self.act.data_ptr(), self.at.data_ptr(),
+                                               self.values.data_ptr(), channels.data_ptr(), self.threads)
+        self.channels = channels[:u]  # every channel some token left out: the weight columns the GEMM reads
 
     def _panel(self, n: int) -> torch.Tensor:
         return scratch(self.lib.edgellm_int8_panel_bytes(n, self.k), torch.uint8, "int8 panel")
@@ -61,13 +60,10 @@ class Int8Prompt:
             out = torch.empty(self.t, n, dtype=torch.float32)
         elif out.shape != (self.t, n) or out.dtype != torch.float32 or out.stride(1) != 1:
             raise ValueError(f"out must be an fp32 ({self.t}, {n}) tensor with contiguous rows")
-        columns = torch.empty(len(self.channels), n, dtype=torch.float32)
         with profiled("edgellm::int8_gemm"):
-            self.lib.edgellm_int8_columns(panel.data_ptr(), n, self.k, self.channels.data_ptr(), len(self.channels),
-                                          columns.data_ptr())
             self.lib.edgellm_int8_gemm(self.act.data_ptr(), self.t, self.k, panel.data_ptr(), n, bits, out.data_ptr(),
-                                       out.stride(0), columns.data_ptr(), self.at.data_ptr(), self.values.data_ptr(),
-                                       self.at.shape[1], self.threads)
+                                       out.stride(0), self.channels.data_ptr(), len(self.channels), self.at.data_ptr(),
+                                       self.values.data_ptr(), self.at.shape[1], self.threads)
         return out
 
     def times_i4r64(self, packed: torch.Tensor, scale_zero: torch.Tensor, rows: tuple[int, int],
