@@ -146,16 +146,20 @@ def _gap(a: list[float], b: list[float]) -> float:
 
 def test_label_scores_run_under_the_adapter_asked_for(model):
     """An adapter's scores from its own cached prefix match its uncached ones as closely as the
-    base model's do: a cached prompt's last tokens run as a few rows with int16 activations, a
-    whole prompt through the prompt GEMM, which is bf16 where the CPU has it (~0.03 apart then)."""
+    prompt path's arithmetic allows, and are far from the base model's: a cached prompt's last
+    tokens run as a few rows with int16 activations, a whole prompt through the prompt GEMM, which is
+    bf16 where the CPU has it and int8 on plain AVX2 (0.01-0.04 apart then, measured), fp32 elsewhere."""
+    from edgellm import kernels
+
     ids = model.chat_ids([{"role": "user", "content": "Is the sea blue? Answer yes or no."}])
     labels = [model.tokenizer.encode(x, add_special_tokens=False) for x in ("yes", "no")]
     base = model.continuation_logprobs(ids, labels)
     base_again = model.continuation_logprobs(ids, labels)  # the base's cached prefix
     adapted = model.continuation_logprobs(ids, labels, adapter="polish")
     again = model.continuation_logprobs(ids, labels, adapter="polish")  # from its own cached prefix this time
-    assert _gap(again, adapted) <= max(1e-2, 2 * _gap(base_again, base))
-    assert _gap(adapted, base) > 0.05
+    rounded = any(f"{kind} prompt GEMMs" in kernels.describe() for kind in ("bf16", "int8"))
+    assert _gap(again, adapted) <= max(6e-2 if rounded else 1e-2, 2 * _gap(base_again, base))
+    assert _gap(adapted, base) > 0.15  # 0.31-0.34 measured: the base's cached prefix would land there
 
 
 def test_an_adapter_loaded_under_a_memory_budget_comes_off_the_kv_budget(smollm2_path, adapters):
