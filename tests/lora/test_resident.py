@@ -157,7 +157,7 @@ def test_label_scores_run_under_the_adapter_asked_for(model):
     base_again = model.continuation_logprobs(ids, labels)  # the base's cached prefix
     adapted = model.continuation_logprobs(ids, labels, adapter="polish")
     again = model.continuation_logprobs(ids, labels, adapter="polish")  # from its own cached prefix this time
-    rounded = any(f"{kind} prompt GEMMs" in kernels.describe() for kind in ("bf16", "int8"))
+    rounded = any(kind in kernels.describe() for kind in ("bf16 prompt", "int8"))
     assert _gap(again, adapted) <= max(6e-2 if rounded else 1e-2, 2 * _gap(base_again, base))
     assert _gap(adapted, base) > 0.15  # 0.31-0.34 measured: the base's cached prefix would land there
 

@@ -155,10 +155,9 @@ def describe() -> str:
     """What runs here, in a few words: the kernel variant (or why none) and the GEMM dtype."""
     dtype = "bf16" if compute_dtype() == torch.bfloat16 else "fp32"
     if available():
-        if dtype == "fp32" and library().edgellm_int16_gemm_native():
-            dtype = "int16"  # prompt_gemm.py: AVX-VNNI without native bf16
-        elif dtype == "fp32" and library().edgellm_int8_gemm_native():
-            dtype = "int8"  # int8_prompt.py: AVX2 without AVX-VNNI
+        if dtype == "fp32":  # without native bf16: int8 on 4-bit / Q5_0 codes (AVX2), int16 on the rest (AVX-VNNI)
+            kinds = [kind for kind in ("int8", "int16") if getattr(library(), f"edgellm_{kind}_gemm_native")()]
+            dtype = " + ".join(kinds) or dtype
         return f"{selected().label} native kernels, {dtype} prompt GEMMs"
     why = "EDGELLM_KERNELS=0" if os.environ.get("EDGELLM_KERNELS", "1") == "0" else "no working C compiler"
     return f"PyTorch layers only ({why}), {dtype} GEMMs"

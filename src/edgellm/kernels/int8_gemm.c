@@ -1,6 +1,7 @@
-/* Prompt GEMMs in 8-bit integers for AVX2 CPUs without AVX-VNNI or AVX-512 (Haswell to Comet Lake,
-   AMD Zen 1-3), where an fp32 FMA makes 8 products and `vpmaddubsw` 32 (unsigned byte by signed
-   byte, summed in pairs to int16).
+/* Prompt GEMMs in 8-bit integers for AVX2 CPUs without native bf16 (both `avx2` variants: Haswell to
+   Comet Lake and AMD Zen 1-3; with AVX-VNNI Intel client cores since Alder Lake), where an fp32 FMA
+   makes 8 products and `vpmaddubsw` 32 (unsigned byte by signed byte, summed in pairs to int16), or
+   AVX-VNNI's `vpdpbusd` 32 summed straight into int32 lanes.
 
    The weights stay exactly what the model holds: 4-bit I4R64 codes (q in 0..15) or Q5_0 values held
    as Q8_0 / Q8R16 blocks (q + 16 in 0..31), each group of 32 k's of a row an affine map
@@ -39,15 +40,30 @@
 /* A token's quantized row: k int8, then per group (sx, xsum); 32-byte aligned. */
 static int64_t row_bytes(int64_t k) { return (k + 8 * (k / I8_GROUP) + 31) / 32 * 32; }
 
-#if EDGELLM_AVX2 && !defined(__AVXVNNI__)
+#if EDGELLM_AVX2
 #define I8_NATIVE 1
 
-/* acc + per int16 lane: the pair sums of w's unsigned codes times x4's signed activations. The add is
-   in place by inline assembly: GCC 12 otherwise copies every accumulator of a tile back each turn. */
-static inline __m256i maddubs_acc(__m256i acc, __m256i w, __m256i x4) {
+/* acc + w's unsigned codes times x4's signed activations: per int16 lane the pair sums (vpmaddubsw), or
+   with AVX-VNNI per int32 lane the sums of 4 (vpdpbusd: one instruction, no int16 stage, 6.6 against
+   8.9 ms for a 4096 x 640 x 512 GEMM). In place by inline assembly: GCC 12 otherwise copies every
+   accumulator of a tile back each turn. */
+static inline __m256i dot_acc(__m256i acc, __m256i w, __m256i x4) {
+#ifdef __AVXVNNI__
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x4));
+#else
     __m256i pairs = _mm256_maddubs_epi16(w, x4);
     __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(pairs));
+#endif
     return acc;
+}
+
+/* dot_acc's sums as int32 lanes (with AVX-VNNI they are already) */
+static inline __m256i widen(__m256i sums) {
+#ifdef __AVXVNNI__
+    return sums;
+#else
+    return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
+#endif
 }
 
 /* Codes of 16 rows x 4 k's (4 vectors, one k each, byte j = row j) -> 16 words, row j's 4 codes in word j. */
@@ -164,10 +180,10 @@ static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t
 }
 
 /* out[t][0..16) for tt <= I8_TILE tokens (rows of rb bytes from act) of one strip; the products of
-   `steps` 4-k steps are summed in int16 before they are widened (8 for 4-bit codes, 4 for 5-bit). */
+   `steps` 4-k steps are summed (in int16 without AVX-VNNI) before they are widened (8 for 4-bit codes,
+   4 for 5-bit). */
 ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o,
                         float *out, int64_t ldo, int tt, int steps) {
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[I8_TILE][2];
     for (int i = 0; i < tt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
@@ -193,13 +209,13 @@ ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, in
                     int32_t word;  /* activations 4p .. 4p + 3 of group g */
                     memcpy(&word, act + i * rb + g * I8_GROUP + 4 * p, 4);
                     __m256i x4 = _mm256_set1_epi32(word);
-                    sums[i][0] = maddubs_acc(sums[i][0], w0, x4);
-                    sums[i][1] = maddubs_acc(sums[i][1], w1, x4);
+                    sums[i][0] = dot_acc(sums[i][0], w0, x4);
+                    sums[i][1] = dot_acc(sums[i][1], w1, x4);
                 }
             }
             for (int i = 0; i < tt; i++)
                 for (int h = 0; h < 2; h++) {
-                    __m256i wide = _mm256_madd_epi16(sums[i][h], ones);
+                    __m256i wide = widen(sums[i][h]);
                     dot[i][h] = p0 ? _mm256_add_epi32(dot[i][h], wide) : wide;
                 }
         }
@@ -228,6 +244,9 @@ static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64
     case 2: tile(codes, act, rb, k, o, out, ldo, 2, steps); break;       \
     default: tile(codes, act, rb, k, o, out, ldo, 1, steps); break;      \
     }
+#ifdef __AVXVNNI__
+    bits = 4;  /* int32 sums: a whole group between widenings whatever the codes' width */
+#endif
     if (bits <= 4) {
         I8_TILES(8)
     } else {
