@@ -33,7 +33,8 @@ def int8_takes_i4r64(n: int, k: int, group: int, planes: int, lib: ctypes.CDLL |
 
 
 class Int8Prompt:
-    """x (T, K) fp32, quantized once (int8_gemm.c), times the weights of one linear."""
+    """x (T, K) fp32, quantized once (int8_gemm.c), times the weights of one linear. The quantized rows live
+    in this thread's scratch: an Int8Prompt is good until the thread makes its next one."""
 
     def __init__(self, x: torch.Tensor, lib: ctypes.CDLL | None = None):
         self.lib = lib or library()
