@@ -9,8 +9,8 @@ up to 8 sequences on these (decode.py).
 
 Prompts (prompt.py): `int4_unpack` and `blocks_to_float` unpack weights into one reused scratch for
 PyTorch's GEMM in the compute dtype (bf16 only where the CPU multiplies bf16 natively, else fp32),
-or with AVX-VNNI and no bf16 an integer GEMM (prompt_gemm.py `prompt_matmul`); on AVX2 without AVX-VNNI
-an int8 GEMM on the 4-bit / Q5_0 codes themselves (int8_prompt.py `Int8Prompt`);
+or with AVX-VNNI and no bf16 an integer GEMM (prompt_gemm.py `prompt_matmul`); on AVX2 without native
+bf16 an int8 GEMM on the 4-bit / Q5_0 codes themselves (int8_prompt.py `Int8Prompt`);
 `attention` runs a chunk's attention; `gated_act` is the gated MLP's act(gate)·up in one pass;
 `norm_rope` a per-head norm and RoPE in place; `rms_norm` / `add_rms_norm` a sublayer's norm with its
 cast or residual add. EDGELLM_KERNELS=0 turns all of it off; EDGELLM_ISA picks a variant."""

@@ -36,6 +36,7 @@
 #define STEP_BYTES (4 * I8_STRIP)           /* 4 k's of a strip's 16 rows */
 #define GROUP_BYTES (8 * STEP_BYTES)        /* a group's codes of a strip */
 #define GROUP_FLOATS (2 * I8_STRIP)         /* a group's scales and zeros of a strip */
+#define GROUP_STRIDE (GROUP_BYTES + 4 * GROUP_FLOATS)  /* a group of a strip in the panel: codes, then floats */
 
 /* A token's quantized row: k int8, then per group (sx, xsum); 32-byte aligned. */
 static int64_t row_bytes(int64_t k) { return (k + 8 * (k / I8_GROUP) + 31) / 32 * 32; }
@@ -166,7 +167,7 @@ typedef struct {
 static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t u, float *cols) {
     for (int64_t j = 0; j < u; j++) {
         int c = channels[j];
-        const uint8_t *group = strip + (c / I8_GROUP) * (GROUP_BYTES + 4 * GROUP_FLOATS);
+        const uint8_t *group = strip + (c / I8_GROUP) * GROUP_STRIDE;
         const uint8_t *step = group + ((c % I8_GROUP) / 4) * STEP_BYTES;
         const float *scale = (const float *)(group + GROUP_BYTES), *zero = scale + I8_STRIP;
         __m128i shift = _mm_cvtsi32_si128(8 * (c % 4));  /* row r's code for c: byte c % 4 of word r */
@@ -187,7 +188,7 @@ ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, in
     __m256 acc[I8_TILE][2];
     for (int i = 0; i < tt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
-        const uint8_t *w = codes + g * (GROUP_BYTES + 4 * GROUP_FLOATS);
+        const uint8_t *w = codes + g * GROUP_STRIDE;
         const float *scale = (const float *)(w + GROUP_BYTES), *zero = scale + I8_STRIP;
         __m256 ss[I8_TILE][2];
         for (int i = 0; i < tt; i++) {
@@ -266,21 +267,34 @@ int edgellm_int8_gemm_native(void) {
 }
 
 /* Bytes of a packed (n, k) weight, and of the quantized activations of t tokens. */
-int64_t edgellm_int8_panel_bytes(int64_t n, int64_t k) { return n * k + n * (k / I8_GROUP) * 4 * 2; }
+int64_t edgellm_int8_panel_bytes(int64_t n, int64_t k) { return (n / I8_STRIP) * (k / I8_GROUP) * GROUP_STRIDE; }
 int64_t edgellm_int8_act_bytes(int64_t t, int64_t k) { return t * row_bytes(k); }
+
+#ifdef I8_NATIVE
+/* Strips of 16 rows, a group at a time, from I4R64 codes (rows row0 .. row0 + rows of its n, scale_zero beside)
+   or from Q8R16 blocks holding Q5_0 values (scale_zero NULL, row0 0). */
+static void pack_panel(const uint8_t *src, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t row0,
+                       int64_t rows, uint8_t *panel, int threads) {
+    int64_t groups = k / I8_GROUP;
+#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+    for (int64_t s = 0; s < rows / I8_STRIP; s++)
+        for (int64_t g = 0; g < groups; g++) {
+            uint8_t *codes = panel + (s * groups + g) * GROUP_STRIDE;
+            float *sz = (float *)(codes + GROUP_BYTES);
+            if (scale_zero != NULL)
+                pack_i4r64_group(src, scale_zero, n, k, row0 + s * I8_STRIP, g, codes, sz);
+            else
+                pack_q8r16_group(src, k, s, g, codes, sz);
+        }
+}
+#endif
 
 /* Pack rows row0 .. row0 + rows of an (n, k) I4R64 weight with one plane and groups of 32 (int4_layout.h);
    row0 and rows multiples of 64. */
 void edgellm_int8_pack_i4r64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t row0,
                              int64_t rows, void *panel, int threads) {
 #ifdef I8_NATIVE
-    int64_t groups = k / I8_GROUP, strip_bytes = groups * (GROUP_BYTES + 4 * GROUP_FLOATS);
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (int64_t s = 0; s < rows / I8_STRIP; s++)
-        for (int64_t g = 0; g < groups; g++) {
-            uint8_t *codes = (uint8_t *)panel + s * strip_bytes + g * (GROUP_BYTES + 4 * GROUP_FLOATS);
-            pack_i4r64_group(packed, scale_zero, n, k, row0 + s * I8_STRIP, g, codes, (float *)(codes + GROUP_BYTES));
-        }
+    pack_panel(packed, scale_zero, n, k, row0, rows, (uint8_t *)panel, threads);
 #else
     (void)packed, (void)scale_zero, (void)n, (void)k, (void)row0, (void)rows, (void)panel, (void)threads;
 #endif
@@ -289,13 +303,7 @@ void edgellm_int8_pack_i4r64(const uint8_t *packed, const uint16_t *scale_zero, 
 /* Pack n rows of Q8R16 blocks whose values are Q5_0's (-16..15: q5_0_as_q8_0's output). */
 void edgellm_int8_pack_q8r16(const uint8_t *rows, int64_t n, int64_t k, void *panel, int threads) {
 #ifdef I8_NATIVE
-    int64_t groups = k / I8_GROUP, strip_bytes = groups * (GROUP_BYTES + 4 * GROUP_FLOATS);
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (int64_t s = 0; s < n / I8_STRIP; s++)
-        for (int64_t g = 0; g < groups; g++) {
-            uint8_t *codes = (uint8_t *)panel + s * strip_bytes + g * (GROUP_BYTES + 4 * GROUP_FLOATS);
-            pack_q8r16_group(rows, k, s, g, codes, (float *)(codes + GROUP_BYTES));
-        }
+    pack_panel(rows, NULL, n, k, 0, n, (uint8_t *)panel, threads);
 #else
     (void)rows, (void)n, (void)k, (void)panel, (void)threads;
 #endif
@@ -394,7 +402,7 @@ void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel,
                        int threads) {
 #ifdef I8_NATIVE
     const uint8_t *rows = (const uint8_t *)act;
-    int64_t rb = row_bytes(k), strip_bytes = (k / I8_GROUP) * (GROUP_BYTES + 4 * GROUP_FLOATS);
+    int64_t rb = row_bytes(k), strip_bytes = (k / I8_GROUP) * GROUP_STRIDE;
 #pragma omp parallel num_threads(threads)
     {
         float *cols = (float *)aligned_alloc(32, (size_t)(u > 0 ? u : 1) * I8_STRIP * 4);

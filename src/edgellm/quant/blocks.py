@@ -126,13 +126,16 @@ class BlockLinear(nn.Module):
             return [kernels.prompt_matmul(x, self._dequantized(chunk)) for chunk in self._chunks(self.parts)]
         int8, y, column = kernels.Int8Prompt(x), torch.empty(x.shape[0], self.out_features), 0
         for q5_0, parts in groupby(self.parts, key=lambda p: p.q5_0):
-            for piece in self._pieces(list(parts)) if q5_0 else self._chunks(list(parts)):
-                n = piece.rows.shape[0] if q5_0 else sum(p.rows.shape[0] for p in piece)
-                if q5_0:
+            if q5_0:
+                for piece in self._pieces(list(parts)):
+                    n = piece.rows.shape[0]
                     int8.times_q5_0(piece.rows, out=y[:, column:column + n])
-                else:
-                    y[:, column:column + n] = kernels.prompt_matmul(x, self._dequantized(piece))
-                column += n
+                    column += n
+            else:
+                for chunk in self._chunks(list(parts)):
+                    n = sum(piece.rows.shape[0] for piece in chunk)
+                    y[:, column:column + n] = kernels.prompt_matmul(x, self._dequantized(chunk))
+                    column += n
         return [y]
 
     @staticmethod
