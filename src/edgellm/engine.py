@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import torch
 
-from edgellm.generate.generator import decode_step, decode_with_prompt_chunk
+from edgellm.generate.generator import decode_step, decode_with_prompt_chunks
 from edgellm.kernels.decode import MAX_SEQS
 from edgellm.scheduler import RequestState, RunningRequest, Step
 
@@ -33,30 +33,34 @@ class Engine:
 
     @staticmethod
     def _together(step: Step, events: dict) -> bool:
-        """The decode step and one prompt chunk as one native call, where they share a network
-        and KV precision; False (nothing run) otherwise."""
-        (newcomer, tokens), = step.prefill
-        if not Engine.can_join(step.decode, newcomer):
+        """The decode step and the newcomers' prompt chunks as one native call, where they share a
+        network and KV precision; False (nothing run) otherwise."""
+        if not all(Engine.can_join(step.decode + [r for r, _ in step.prefill[:i]], newcomer)
+                   for i, (newcomer, _) in enumerate(step.prefill)):
             return False
-        try:  # the newcomer's room first: if it has none, only it fails
-            newcomer.generation.seq.prepare(min(tokens, newcomer.generation.prompt_left))
-        except Exception as error:
-            events[newcomer] = [error]
-            step.prefill.clear()
+        for newcomer, tokens in list(step.prefill):
+            try:  # each newcomer's room first: one that has none fails alone
+                newcomer.generation.seq.prepare(min(tokens, newcomer.generation.prompt_left))
+            except Exception as error:
+                events[newcomer] = [error]
+                step.prefill.remove((newcomer, tokens))
+        if not step.prefill:
             return False
+        joined = [r for r, _ in step.prefill]
         try:
-            done = decode_with_prompt_chunk(newcomer.generation.model, [r.generation for r in step.decode],
-                                            newcomer.generation, tokens)
+            done = decode_with_prompt_chunks(joined[0].generation.model, [r.generation for r in step.decode],
+                                             [(r.generation, tokens) for r, tokens in step.prefill])
             if done is None:
                 return False
-            logits, first = done
+            logits, firsts = done
             events.update({r: r.generation.accept(logits[i]) for i, r in enumerate(step.decode)})
-            events[newcomer] = []
-            if first is not None:
-                newcomer.state = RequestState.DECODING
-                events[newcomer] = newcomer.generation.accept(first)
+            for newcomer, first in zip(joined, firsts):
+                events[newcomer] = []
+                if first is not None:
+                    newcomer.state = RequestState.DECODING
+                    events[newcomer] = newcomer.generation.accept(first)
         except Exception as error:
-            events.update({r: [error] for r in step.decode + [newcomer] if not events.get(r)})
+            events.update({r: [error] for r in step.decode + joined if not events.get(r)})
         return True
 
     @staticmethod

@@ -164,6 +164,8 @@ class StepBudget:
     # call's time (bench --serving measures it), never to a whole prefill. A fixed share, not what
     # the streams leave of a fixed total: with 3 streams decoding that left the 4th one prompt
     # token a step (a 10-token prompt took 10 steps, and a burst of 4 requests 20 to ramp up).
+    # Each newcomer gets this share while rows are free, oldest first: a burst of 4 requests with
+    # 9-token prompts joined the batch in 6 steps, where one newcomer at a time took 10.
     interleaved_prompt: int = 3
     step_rows: int = 8  # kernels.decode.MAX_SEQS
     # Where the engine cannot join them (no native decoder, another model or KV precision), a
@@ -173,18 +175,35 @@ class StepBudget:
 
 def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget(),
               joinable: Callable[[Sequence[RunningRequest], RunningRequest], bool] = lambda decode, new: True) -> Step:
-    """Decode every decoding request; spend the step's prompt budget on the oldest request
-    still prefilling (first come, first served), in small chunks while others decode —
-    `joinable(decoding, newcomer)` says whether the engine runs both in one call."""
+    """Decode every decoding request; spend the step's prompt budget on the requests still
+    prefilling, oldest first (first come, first served): the whole step when nothing decodes,
+    else the rows the decode step's native call has free — `joinable(others, newcomer)` says
+    whether the engine runs a newcomer in that call."""
     step = Step(decode=[r for r in running if r.state is RequestState.DECODING])
     prefilling = [r for r in running if r.state is RequestState.PREFILLING]
-    if prefilling:
-        new = prefilling[0]
-        if not step.decode:
-            chunk = budget.prefill_chunk
-        elif joinable(step.decode, new):
-            chunk = max(1, min(budget.interleaved_prompt, budget.step_rows - len(step.decode)))
-        else:
-            chunk = budget.separate_chunk
-        step.prefill.append((new, min(chunk, new.generation.prompt_left)))
+    if not prefilling:
+        return step
+    oldest = prefilling[0]
+    left = oldest.generation.prompt_left
+    if not step.decode:
+        step.prefill.append((oldest, min(budget.prefill_chunk, left)))
+    elif not joinable(step.decode, oldest):
+        step.prefill.append((oldest, min(budget.separate_chunk, left)))
+    else:
+        _share_free_rows(step, prefilling, budget, joinable)
     return step
+
+
+def _share_free_rows(step: Step, prefilling: Sequence[RunningRequest], budget: StepBudget,
+                     joinable: Callable[[Sequence[RunningRequest], RunningRequest], bool]) -> None:
+    """The call's rows beside the decode rows, `interleaved_prompt` tokens to each newcomer, oldest
+    first, while rows are free; the oldest advances even when the decode rows fill the call."""
+    free = budget.step_rows - len(step.decode)
+    for new in prefilling:
+        if step.prefill and free <= 0:
+            break
+        if step.prefill and not joinable(step.decode + [r for r, _ in step.prefill], new):
+            continue  # another network or KV precision: a later step
+        tokens = max(1, min(budget.interleaved_prompt, free, new.generation.prompt_left))
+        step.prefill.append((new, tokens))
+        free -= tokens

@@ -82,7 +82,7 @@ def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
     a, b = _running(RequestState.DECODING), _running(RequestState.DECODING)
     new, newer = _running(RequestState.PREFILLING, 2000), _running(RequestState.PREFILLING, 10)
     step = next_step([a, new, b, newer], budget)
-    assert step.decode == [a, b] and step.prefill == [(new, 5)]  # 2 decode rows and 5 prompt tokens
+    assert step.decode == [a, b] and step.prefill[0] == (new, 5)  # 2 decode rows and 5 prompt tokens
     five = [_running(RequestState.DECODING) for _ in range(5)]
     assert next_step(five + [new], budget).prefill == [(new, 3)]  # the 8 rows of one native call
     crowded = [_running(RequestState.DECODING) for _ in range(9)] + [new]
@@ -93,6 +93,17 @@ def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
     assert alone.decode == [] and alone.prefill == [(new, 512)]
     assert next_step([newer], budget).prefill == [(newer, 10)]
     assert next_step([], budget).prefill == [] and next_step([], budget).decode == []
+
+
+def test_newcomers_share_the_free_rows_of_the_decode_call_oldest_first():
+    budget = StepBudget(interleaved_prompt=3, step_rows=8)
+    a = _running(RequestState.DECODING)
+    b, c, d = (_running(RequestState.PREFILLING, 9) for _ in range(3))
+    assert next_step([a, b, c, d], budget).prefill == [(b, 3), (c, 3), (d, 1)]  # 1 + 7 rows
+    b.generation.prompt_left = 2
+    assert next_step([a, b, c, d], budget).prefill == [(b, 2), (c, 3), (d, 2)]
+    other = next_step([a, b, c, d], budget, joinable=lambda others, newcomer: newcomer is not c)
+    assert other.prefill == [(b, 2), (d, 3)]  # one the call cannot take waits; the next one rides instead
 
 
 def test_one_pool_and_budget_serve_every_kv_precision():

@@ -105,6 +105,25 @@ def test_throughput_mode_batches_and_matches_latency_mode(smollm2_path):
         model.close()
 
 
+def test_a_burst_of_short_prompts_joins_in_shared_calls_and_reads_as_alone(smollm2_path):
+    model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
+    prompts = [f"Story number {i}: once upon a time" for i in range(4)]
+    alone = [model.generate(p, max_tokens=10).token_ids for p in prompts]
+    svc = Service(model, max_batch=4, queue_limit=4)
+    steps = []
+    run = svc.engine.step
+    svc.engine.step = lambda step: steps.append([n for _, n in step.prefill]) or run(step)  # observes only
+    try:
+        handles = [svc.submit(Request(p, {"max_tokens": 10, "temperature": 0}, chat=False)) for p in prompts]
+        assert [_done(h).token_ids for h in handles] == alone  # prompt rows of several newcomers in one call
+        assert any(len(prefill) > 1 for prefill in steps)  # newcomers shared a step's free rows
+        trickled = 1 + sum(-(-len(model.prompt_ids(p)) // 3) for p in prompts[1:])  # 3 tokens a step, one by one
+        assert sum(1 for prefill in steps if prefill) < trickled
+    finally:
+        svc.close()
+        model.close()
+
+
 def test_fallback_chain_reaches_the_smaller_model_and_is_configurable(smollm2_path, gemma3_path):
     # Gemma 3 with a KV budget too small even for INT4 KV; SmolLM2 is the configured smaller model.
     big = edgellm.load(gemma3_path, kv=KVConfig(budget_bytes=64 * 2**10))

@@ -221,29 +221,34 @@ def decode_step(model: CausalLM, generations: list[Generation]) -> torch.Tensor:
     return logits
 
 
-def decode_with_prompt_chunk(model: CausalLM, generations: list[Generation], newcomer: Generation,
-                             n: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """The decode step of `generations` and the next n prompt tokens of `newcomer` in one native
-    call per layer (the model's decoder; n + len(generations) rows at most MAX_SEQS): a long
-    prompt advances while running streams lose only a slightly wider step. Returns their logits
-    (len(generations), V) and the newcomer's last-position logits once its prompt is in (else
-    None); None when the native decoder cannot take these caches."""
+def decode_with_prompt_chunks(model: CausalLM, generations: list[Generation],
+                              newcomers: list[tuple[Generation, int]]) -> tuple[torch.Tensor, list] | None:
+    """The decode step of `generations` and the next n prompt tokens of each (newcomer, n) in one
+    native call per layer (the model's decoder; at most MAX_SEQS rows in all): prompts advance
+    while running streams lose only a slightly wider step. Returns their logits
+    (len(generations), V) and per newcomer its last position's logits once its prompt is in
+    (else None); None when the native decoder cannot take these caches."""
     decoder = getattr(model, "decoder", None)
-    piece = newcomer.next_prompt_piece(n)
-    if decoder is None or not piece:
+    pieces = [new.next_prompt_piece(n) for new, n in newcomers]
+    if decoder is None or not all(pieces):
         return None
     for g in generations:
         g.seq.prepare(1)
-    newcomer.seq.prepare(len(piece))
-    everyone = [*generations, newcomer]
-    logits = decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations] + [(newcomer.seq.layers, piece)],
+    for (new, _), piece in zip(newcomers, pieces):
+        new.seq.prepare(len(piece))
+    everyone = [*generations, *(new for new, _ in newcomers)]
+    logits = decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations]
+                               + [(new.seq.layers, piece) for (new, _), piece in zip(newcomers, pieces)],
                                adapters=[g.seq.adapter for g in everyone])
     if logits is None:
         return None
     for g in generations:
         g.seq.advance([g.next_token])
-    newcomer.seq.advance(piece)
-    return logits[:-1], newcomer.prompt_advanced(len(piece), logits[-1])
+    firsts = []
+    for i, ((new, _), piece) in enumerate(zip(newcomers, pieces)):
+        new.seq.advance(piece)
+        firsts.append(new.prompt_advanced(len(piece), logits[len(generations) + i]))
+    return logits[:len(generations)], firsts
 
 
 def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingParams, *,
