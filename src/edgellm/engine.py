@@ -50,17 +50,18 @@ class Engine:
         try:
             done = decode_with_prompt_chunks(joined[0].generation.model, [r.generation for r in step.decode],
                                              [(r.generation, tokens) for r, tokens in step.prefill])
-            if done is None:
-                return False
-            logits, firsts = done
-            events.update({r: r.generation.accept(logits[i]) for i, r in enumerate(step.decode)})
-            for newcomer, first in zip(joined, firsts):
-                events[newcomer] = []
-                if first is not None:
-                    newcomer.state = RequestState.DECODING
-                    events[newcomer] = newcomer.generation.accept(first)
-        except Exception as error:
-            events.update({r: [error] for r in step.decode + joined if not events.get(r)})
+        except Exception as error:  # the call itself failed: everyone in it
+            events.update({r: [error] for r in step.decode + joined})
+            return True
+        if done is None:
+            return False
+        logits, firsts = done
+        events.update({r: _accept(r, logits[i]) for i, r in enumerate(step.decode)})
+        for newcomer, first in zip(joined, firsts):
+            events[newcomer] = []
+            if first is not None:
+                newcomer.state = RequestState.DECODING
+                events[newcomer] = _accept(newcomer, first)
         return True
 
     @staticmethod
@@ -85,13 +86,15 @@ class Engine:
             logits = decode_step(group[0].generation.model, [r.generation for r in group])
         except Exception as error:
             return {r: [error] for r in group}
-        events = {}
-        for i, r in enumerate(group):
-            try:  # one request's sampling failing ends only that request
-                events[r] = r.generation.accept(logits[i])
-            except Exception as error:
-                events[r] = [error]
-        return events
+        return {r: _accept(r, logits[i]) for i, r in enumerate(group)}
+
+
+def _accept(request: RunningRequest, logits) -> list:
+    """The request's events from its logits; its sampling failing ends only that request."""
+    try:
+        return request.generation.accept(logits)
+    except Exception as error:
+        return [error]
 
 
 def _by_model(requests: list[RunningRequest]) -> list[list[RunningRequest]]:

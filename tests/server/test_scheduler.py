@@ -82,7 +82,7 @@ def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
     a, b = _running(RequestState.DECODING), _running(RequestState.DECODING)
     new, newer = _running(RequestState.PREFILLING, 2000), _running(RequestState.PREFILLING, 10)
     step = next_step([a, new, b, newer], budget)
-    assert step.decode == [a, b] and step.prefill[0] == (new, 5)  # 2 decode rows and 5 prompt tokens
+    assert step.decode == [a, b] and step.prefill == [(new, 5), (newer, 1)]  # 2 decode rows, 6 prompt tokens
     five = [_running(RequestState.DECODING) for _ in range(5)]
     assert next_step(five + [new], budget).prefill == [(new, 3)]  # the 8 rows of one native call
     crowded = [_running(RequestState.DECODING) for _ in range(9)] + [new]
@@ -104,6 +104,11 @@ def test_newcomers_share_the_free_rows_of_the_decode_call_oldest_first():
     assert next_step([a, b, c, d], budget).prefill == [(b, 2), (c, 3), (d, 2)]
     other = next_step([a, b, c, d], budget, joinable=lambda others, newcomer: newcomer is not c)
     assert other.prefill == [(b, 2), (d, 3)]  # one the call cannot take waits; the next one rides instead
+    seen = []
+    next_step([a, b, c], budget, joinable=lambda others, newcomer: seen.append(list(others)) or True)
+    assert seen == [[a], [a, b]]  # each newcomer is judged beside the decode rows and the newcomers before it
+    six = [_running(RequestState.DECODING) for _ in range(6)]
+    assert next_step(six + [b, c], budget).prefill == [(b, 2)]  # no row left for c: it waits
 
 
 def test_one_pool_and_budget_serve_every_kv_precision():

@@ -105,20 +105,51 @@ def test_throughput_mode_batches_and_matches_latency_mode(smollm2_path):
         model.close()
 
 
+BURST = ["The capital of France is", "1, 2, 3, 4,", "def add(a, b):", "Once upon a time there"]
+
+
 def test_a_burst_of_short_prompts_joins_in_shared_calls_and_reads_as_alone(smollm2_path):
     model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
-    prompts = [f"Story number {i}: once upon a time" for i in range(4)]
-    alone = [model.generate(p, max_tokens=10).token_ids for p in prompts]
+    alone = [model.generate(p, max_tokens=10).token_ids for p in BURST]
+    assert len({ids[0] for ids in alone}) == len(BURST)  # each newcomer must read its own row of the call
     svc = Service(model, max_batch=4, queue_limit=4)
     steps = []
     run = svc.engine.step
     svc.engine.step = lambda step: steps.append([n for _, n in step.prefill]) or run(step)  # observes only
     try:
-        handles = [svc.submit(Request(p, {"max_tokens": 10, "temperature": 0}, chat=False)) for p in prompts]
+        handles = [svc.submit(Request(p, {"max_tokens": 10, "temperature": 0})) for p in BURST]
         assert [_done(h).token_ids for h in handles] == alone  # prompt rows of several newcomers in one call
         assert any(len(prefill) > 1 for prefill in steps)  # newcomers shared a step's free rows
-        trickled = 1 + sum(-(-len(model.prompt_ids(p)) // 3) for p in prompts[1:])  # 3 tokens a step, one by one
+        trickled = 1 + sum(-(-len(model.prompt_ids(p)) // 3) for p in BURST[1:])  # 3 tokens a step, one by one
         assert sum(1 for prefill in steps if prefill) < trickled
+    finally:
+        svc.close()
+        model.close()
+
+
+def test_a_newcomer_whose_sampling_fails_ends_alone_in_a_shared_call(smollm2_path, monkeypatch):
+    from edgellm.generate.generator import Generation
+
+    model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
+    alone = [model.generate(p, max_tokens=10).token_ids for p in BURST]
+    accept = Generation.accept
+
+    def breaks_for_the_third(self, logits):  # a sampler failing for one request only
+        if "def add" in model.tokenizer.decode(list(self.prompt_ids)):
+            raise RuntimeError("this request's sampler broke")
+        return accept(self, logits)
+
+    monkeypatch.setattr(Generation, "accept", breaks_for_the_third)
+    svc = Service(model, max_batch=4, queue_limit=4)
+    try:
+        handles = [svc.submit(Request(p, {"max_tokens": 10, "temperature": 0})) for p in BURST]
+        for i, handle in enumerate(handles):
+            if i == 2:
+                with pytest.raises(RuntimeError, match="sampler broke"):
+                    _done(handle)
+            else:
+                assert _done(handle).token_ids == alone[i]  # the others in its calls go on untouched
+        assert model.kv.live_bytes == 0
     finally:
         svc.close()
         model.close()
