@@ -89,3 +89,15 @@ def test_no_compiler_says_so_once_and_runs_pytorch():
 
 def test_the_selected_variant_runs_here():
     assert isa.selected() in isa.runnable()
+
+
+def test_amx_cores_multiply_attention_values_in_fp32(monkeypatch):
+    # their vdpbf16ps runs at half the fp32 FMA rate (measured on Sapphire Rapids): the build says so
+    from edgellm.kernels import build
+
+    bf16 = Variant("avx512", frozenset({"bf16"}))
+    monkeypatch.setattr(build, "cpu_features", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    assert "-DEDGELLM_HALF_RATE_BF16_DOT" in build._flags(bf16)
+    assert "-DEDGELLM_HALF_RATE_BF16_DOT" not in build._flags(Variant("avx512"))
+    monkeypatch.setattr(build, "cpu_features", lambda: frozenset({"avx512_bf16"}))  # a Zen 4
+    assert "-DEDGELLM_HALF_RATE_BF16_DOT" not in build._flags(bf16)

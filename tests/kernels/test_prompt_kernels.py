@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from edgellm import kernels
+from edgellm.kernels.build import _sources, build, compiler, load
+from edgellm.kernels.isa import Variant, cpu_features
 from edgellm.kv.codecs import codec
 from edgellm.quant.ggml import GGMLType
 from tests.kernels.test_gemv import BLOCK_FORMATS, _blocks, _int4
@@ -71,6 +73,8 @@ def _value_tolerance(lib, v: torch.Tensor, queries: int) -> float:
     (9, 3, 64, 7, 100),       # a chunk after a cached prefix
     (18, 2, 32, 33, 33),      # nine heads per KV head: more than one row block per head group
     (2, 2, 128, 1, 17),       # plain multi-head, one query
+    (14, 2, 64, 45, 45),      # seven query heads per KV head (Qwen2.5): 7-row passes (4 + 3 on AVX2)
+    (10, 2, 64, 21, 50),      # five: 5-row passes, a block with one position
 ])
 def test_attention_matches_fp64_causal_and_masked(lib, scalar, heads, kv_heads, dim, t, s):
     g = torch.Generator().manual_seed(heads * t + s)
@@ -101,6 +105,25 @@ def test_attention_sliding_window_matches_fp64(lib, heads, kv_heads, dim, t, s, 
     ours = kernels.attention(q, k, v, 0.125, None, window=window, lib=lib)
     visible = torch.ones(t, s, dtype=torch.bool).tril(s - t) & ~torch.ones(t, s, dtype=torch.bool).tril(s - t - window)
     assert (ours.double() - _attention_reference(q, k, v, 0.125, visible)).abs().max() < _value_tolerance(lib, v, q.shape[2])
+
+
+def test_bf16_values_left_off_for_speed_still_match_fp64(tmp_path):
+    # Where vdpbf16ps runs at half the FMA rate (AMX cores) the library multiplies P·V in fp32; the
+    # bf16 path, what a Zen 4 runs, is built here without that tuning so it stays tested.
+    features = cpu_features()
+    if not {"avx512_bf16", "amx_bf16"} <= features or "bf16" not in kernels.runnable()[0].extras:
+        pytest.skip("the regular avx512+bf16 library already takes bf16 P·V here, or the CPU has no AVX512-BF16")
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    build(_sources(), Variant("avx512", frozenset({"bf16"})).compiler_flags(), tmp_path / "bf16.so")
+    lib = load(tmp_path / "bf16.so")
+    assert kernels.attention_bf16_values(64, lib)
+    g = torch.Generator().manual_seed(11)
+    q = (torch.randn(1, 64, 8, 64, generator=g) * 2).transpose(1, 2)
+    k, v = torch.randn(2, 1, 2, 80, 64, generator=g)
+    causal = torch.ones(64, 80, dtype=torch.bool).tril(16)
+    ours = kernels.attention(q, k, v, 0.125, None, lib=lib)
+    assert (ours.double() - _attention_reference(q, k, v, 0.125, causal)).abs().max() < _value_tolerance(lib, v, 64)
 
 
 def test_attention_with_soft_capped_scores_matches_fp64(lib):

@@ -1,10 +1,12 @@
 /* Attention for a prompt chunk: T new queries over S cached keys. Scores and softmax in fp32;
-   P.V in bf16 where the CPU has AVX512-BF16 and the chunk has BF16_VALUE_QUERIES or more (else fp32).
+   P.V in bf16 where the CPU has AVX512-BF16 at full rate and the chunk has BF16_VALUE_QUERIES or
+   more (else fp32).
 
    PyTorch's flash kernel runs ~80-100 GFLOP/s here on these head sizes, and a ring cache's
    boolean mask doubles its work; this kernel vectorizes across keys instead of within a dot
-   product. Keys are first transposed per KV head into Kt (D, S), so VL scores come from D
-   broadcast-FMAs; then a softmax with a polynomial exp; then P.V accumulates rows of V.
+   product. Keys are first transposed per KV head into Kt, blocks of KEY_BLOCK keys (D, KEY_BLOCK),
+   so 2 VL scores come from D pairs of broadcast-FMAs; then a softmax with a polynomial exp; then
+   P.V accumulates rows of V.
 
    Each work item is one KV head, its group of query heads and a few query positions, so the
    rows of a block share every Kt and V load (grouped-query attention for free).
@@ -23,6 +25,48 @@
    and V is not converted for a handful of queries. */
 #define BF16_VALUE_QUERIES 32
 
+/* Query rows per pass of the score and value loops, whose accumulators (2 vectors a row) must stay
+   in registers: AVX2 has 16 (2 x 6 + the loads), the others 32. Each pass is compiled for its
+   constant row count (FOR_ROWS): with a count known only at run time the accumulators lived on the
+   stack and attention ran 1.5-2x slower (stop 33). */
+#if EDGELLM_AVX2
+#define PASS_ROWS 6
+#else
+#define PASS_ROWS 8
+#endif
+#define KEY_BLOCK (2 * VL)  /* keys per block of Kt */
+#define S_ALIGN 32          /* s_pad: a multiple of every variant's KEY_BLOCK */
+
+/* P.V in bf16 (vdpbf16ps) where that is faster than fp32 FMAs: Zen 4 runs it at the FMA's rate,
+   twice the multiply-adds; Intel's cores with AMX (build.py defines EDGELLM_HALF_RATE_BF16_DOT)
+   run one every 2 cycles against 2 FMAs a cycle (measured on a Sapphire Rapids VM: 1.64 against
+   6.6 per ns), where bf16 P.V made attention 12-17 % slower than fp32. */
+#if defined(__AVX512BF16__) && !defined(EDGELLM_HALF_RATE_BF16_DOT)
+#define VALUE_PAIRS 1
+#else
+#define VALUE_PAIRS 0
+#endif
+
+/* Rows of each pass: the block's rows split evenly (8 on AVX2 go 4 + 4: a 2-row pass after 6 would
+   wait on FMA latency). */
+static inline int pass_rows(int rows) {
+    int passes = (rows + PASS_ROWS - 1) / PASS_ROWS;
+    return (rows + passes - 1) / passes;
+}
+
+/* CALL(n) with the constant n equal to rows (1 .. PASS_ROWS). */
+#if PASS_ROWS > 6
+#define ROWS_7_8(CALL) case 7: CALL(7); break; default: CALL(8); break;
+#else
+#define ROWS_7_8(CALL) default: CALL(6); break;
+#endif
+#define FOR_ROWS(rows, CALL)                                          \
+    switch (rows) {                                                   \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; \
+    case 4: CALL(4); break; case 5: CALL(5); break; case 6: CALL(6); break; \
+    ROWS_7_8(CALL)                                                    \
+    }
+
 typedef struct {
     const float *q; int64_t q_t, q_h;          /* q[t * q_t + h * q_h + d] */
     const float *k, *v; int64_t kv_h, kv_s;    /* k[h * kv_h + s * kv_s + d] */
@@ -30,7 +74,7 @@ typedef struct {
     float scale, softcap;
     const uint8_t *mask;
     float *out;                                /* (T, H, D) */
-    const float *kt;                           /* (Hkv, D, s_pad) */
+    const float *kt;                           /* (Hkv, s_pad / KEY_BLOCK, D, KEY_BLOCK) */
     const uint32_t *vp;                        /* bf16 V pairs (Hkv, s_pad / 2, D), with AVX512-BF16 */
 } Problem;
 
@@ -41,6 +85,50 @@ static inline int64_t causal_start(const Problem *p, int64_t t) {
     return lo > 0 ? lo : 0;
 }
 
+static inline vf finish_score(const Problem *p, vf acc) {
+    vf s = vf_mul(acc, vf_set1(p->scale));
+    if (p->softcap > 0.f) {
+        vf tanh = vf_fma(vf_set1(2.f), vf_sigmoid(vf_mul(s, vf_set1(2.f / p->softcap))), vf_set1(-1.f));
+        s = vf_mul(vf_set1(p->softcap), tanh);
+    }
+    return s;
+}
+
+/* One pass: `rows` (a constant in each instance) query rows against the keys [first, end) of one
+   KV head's Kt, a whole block of 2 VL keys at a time where one fits, else VL keys. */
+ALWAYS_INLINE void score_pass(const Problem *p, const float *kt, int rows, const float *const *qrow, int64_t first,
+                              int64_t end, float *sc) {
+    for (int64_t j = first; j < end;) {
+        const float *block = kt + (j / KEY_BLOCK) * KEY_BLOCK * p->D + j % KEY_BLOCK;
+        if (j % KEY_BLOCK == 0 && j + KEY_BLOCK <= end) {
+            vf a0[PASS_ROWS], a1[PASS_ROWS];
+            for (int i = 0; i < rows; i++) a0[i] = a1[i] = vf_zero();
+            for (int64_t d = 0; d < p->D; d++) {
+                vf k0 = vf_load(block + d * KEY_BLOCK), k1 = vf_load(block + d * KEY_BLOCK + VL);
+                for (int i = 0; i < rows; i++) {
+                    vf x = vf_set1(qrow[i][d]);
+                    a0[i] = vf_fma(x, k0, a0[i]);
+                    a1[i] = vf_fma(x, k1, a1[i]);
+                }
+            }
+            for (int i = 0; i < rows; i++) {
+                vf_store(sc + i * p->s_pad + j, finish_score(p, a0[i]));
+                vf_store(sc + i * p->s_pad + j + VL, finish_score(p, a1[i]));
+            }
+            j += KEY_BLOCK;
+        } else {  /* half a block: a window's first keys, or the last ones */
+            vf a0[PASS_ROWS];
+            for (int i = 0; i < rows; i++) a0[i] = vf_zero();
+            for (int64_t d = 0; d < p->D; d++) {
+                vf k0 = vf_load(block + d * KEY_BLOCK);
+                for (int i = 0; i < rows; i++) a0[i] = vf_fma(vf_set1(qrow[i][d]), k0, a0[i]);
+            }
+            for (int i = 0; i < rows; i++) vf_store(sc + i * p->s_pad + j, finish_score(p, a0[i]));
+            j += VL;
+        }
+    }
+}
+
 /* Scores of `rows` query rows (heads h[i], positions t[i]) against keys [first, len), scaled;
    first is a multiple of 16 (Kt's vectors are padded to 16 keys). */
 static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t, int64_t first,
@@ -49,21 +137,11 @@ static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, con
     const float *qrow[ROWS];
     for (int i = 0; i < rows; i++) qrow[i] = p->q + t[i] * p->q_t + h[i] * p->q_h;
     int64_t end = (len + 15) / 16 * 16;
-    for (int64_t j = first; j < end; j += VL) {
-        vf acc[ROWS];
-        for (int i = 0; i < rows; i++) acc[i] = vf_zero();
-        for (int64_t d = 0; d < p->D; d++) {
-            vf kv = vf_load(kt + d * p->s_pad + j);
-            for (int i = 0; i < rows; i++) acc[i] = vf_fma(vf_set1(qrow[i][d]), kv, acc[i]);
-        }
-        for (int i = 0; i < rows; i++) {
-            vf s = vf_mul(acc[i], vf_set1(p->scale));
-            if (p->softcap > 0.f) {
-                vf tanh = vf_fma(vf_set1(2.f), vf_sigmoid(vf_mul(s, vf_set1(2.f / p->softcap))), vf_set1(-1.f));
-                s = vf_mul(vf_set1(p->softcap), tanh);
-            }
-            vf_store(sc + i * p->s_pad + j, s);
-        }
+    for (int i0 = 0, per = pass_rows(rows); i0 < rows; i0 += per) {
+        int n = rows - i0 < per ? rows - i0 : per;
+#define SCORE_PASS(N) score_pass(p, kt, N, qrow + i0, first, end, sc + i0 * p->s_pad)
+        FOR_ROWS(n, SCORE_PASS)
+#undef SCORE_PASS
     }
 }
 
@@ -107,12 +185,11 @@ static inline void store_rows(const Problem *p, int rows, const int64_t *h, cons
     }
 }
 
-/* out rows = P . V in fp32, 2 VL columns of D at a time. */
-static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                            int64_t first, int64_t len, const float *sc, const float *inv_sum) {
-    const float *v = p->v + hk * p->kv_h;
+/* One pass of P . V in fp32, 2 VL columns of D at a time; `rows` a constant in each instance. */
+ALWAYS_INLINE void value_pass(const Problem *p, const float *v, int rows, const int64_t *h, const int64_t *t,
+                              int64_t first, int64_t len, const float *sc, const float *inv_sum) {
     for (int64_t d0 = 0; d0 < p->D; d0 += 2 * VL) {
-        vf acc[ROWS][2];
+        vf acc[PASS_ROWS][2];
         for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = vf_zero();
         for (int64_t j = first; j < len; j++) {
             vf v0 = vf_load(v + j * p->kv_s + d0), v1 = vf_load(v + j * p->kv_s + d0 + VL);
@@ -126,22 +203,24 @@ static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_
     }
 }
 
-#ifdef __AVX512BF16__
-/* P . V with vdpbf16ps: probabilities and V rounded to bf16 (relative error ~2^-9, like the bf16
-   activations of every linear), twice the fp32 FMA rate. Scores stay fp32: their errors would be
-   exponentiated. vp holds V as pairs of keys: element (j/2, d) = (V[j][d], V[j+1][d]). */
-static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
-                                 int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
-    int64_t pairs = (len + 1) / 2, row_len = pairs * 2;
-    for (int i = 0; i < rows; i++)  /* probabilities as bf16, zero past len (the pad key's weight) */
-        for (int64_t j = first; j < row_len; j += 16) {
-            __m512 x = _mm512_maskz_loadu_ps(j + 16 <= len ? 0xFFFF : (__mmask16)((1u << (len - j > 0 ? len - j : 0)) - 1),
-                                             sc + i * p->s_pad + j);
-            _mm256_storeu_si256((__m256i *)(pb + i * p->s_pad + j), (__m256i)_mm512_cvtneps_pbh(x));
-        }
-    const uint32_t *vp = p->vp + hk * (p->s_pad / 2) * p->D;
+static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+                            int64_t first, int64_t len, const float *sc, const float *inv_sum) {
+    const float *v = p->v + hk * p->kv_h;
+    for (int i0 = 0, per = pass_rows(rows); i0 < rows; i0 += per) {
+        int n = rows - i0 < per ? rows - i0 : per;
+#define VALUE_PASS(N) value_pass(p, v, N, h + i0, t + i0, first, len, sc + i0 * p->s_pad, inv_sum + i0)
+        FOR_ROWS(n, VALUE_PASS)
+#undef VALUE_PASS
+    }
+}
+
+#if VALUE_PAIRS
+/* One pass of P . V with vdpbf16ps, 32 columns of D at a time; `rows` a constant in each instance. */
+ALWAYS_INLINE void value_pass_bf16(const Problem *p, const uint32_t *vp, int rows, const int64_t *h, const int64_t *t,
+                                   int64_t first, int64_t len, const uint16_t *pb, const float *inv_sum) {
+    int64_t pairs = (len + 1) / 2;
     for (int64_t d0 = 0; d0 < p->D; d0 += 32) {
-        __m512 acc[ROWS][2];
+        __m512 acc[PASS_ROWS][2];
         for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         for (int64_t jp = first / 2; jp < pairs; jp++) {
             __m512bh v0 = (__m512bh)_mm512_loadu_si512(vp + jp * p->D + d0);
@@ -153,6 +232,27 @@ static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const i
             }
         }
         store_rows(p, rows, h, t, d0, acc, inv_sum);
+    }
+}
+
+/* P . V with vdpbf16ps: probabilities and V rounded to bf16 (relative error ~2^-9, like the bf16
+   activations of every linear). Scores stay fp32: their errors would be exponentiated. vp holds V
+   as pairs of keys: element (j/2, d) = (V[j][d], V[j+1][d]). */
+static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
+                                 int64_t first, int64_t len, const float *sc, const float *inv_sum, uint16_t *pb) {
+    int64_t pairs = (len + 1) / 2, row_len = pairs * 2;
+    for (int i = 0; i < rows; i++)  /* probabilities as bf16, zero past len (the pad key's weight) */
+        for (int64_t j = first; j < row_len; j += 16) {
+            __m512 x = _mm512_maskz_loadu_ps(j + 16 <= len ? 0xFFFF : (__mmask16)((1u << (len - j > 0 ? len - j : 0)) - 1),
+                                             sc + i * p->s_pad + j);
+            _mm256_storeu_si256((__m256i *)(pb + i * p->s_pad + j), (__m256i)_mm512_cvtneps_pbh(x));
+        }
+    const uint32_t *vp = p->vp + hk * (p->s_pad / 2) * p->D;
+    for (int i0 = 0, per = pass_rows(rows); i0 < rows; i0 += per) {
+        int n = rows - i0 < per ? rows - i0 : per;
+#define VALUE_PASS(N) value_pass_bf16(p, vp, N, h + i0, t + i0, first, len, pb + i0 * p->s_pad, inv_sum + i0)
+        FOR_ROWS(n, VALUE_PASS)
+#undef VALUE_PASS
     }
 }
 
@@ -171,18 +271,15 @@ static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t
                 _mm512_storeu_si512(vp + (hk * (s_pad / 2) + jp) * D + d, _mm512_or_si512(a16, _mm512_slli_epi32(b16, 16)));
             }
 }
-#define VALUE_PAIRS 1
-#else
-#define VALUE_PAIRS 0
 #endif
 
-/* Whether P . V of a chunk of T queries runs in bf16 (this CPU has AVX512-BF16, and T is a prompt's). */
+/* Whether P . V of a chunk of T queries runs in bf16 (VALUE_PAIRS above, and T is a prompt's). */
 int edgellm_attention_bf16_values(int64_t T) { return VALUE_PAIRS && T >= BF16_VALUE_QUERIES; }
 
 /* Floats of `work` the call needs: Kt, then per thread a score block and its bf16 copy, then
    (with AVX512-BF16) the bf16 V pairs. */
 int64_t edgellm_attention_work(int64_t S, int64_t Hkv, int64_t D, int threads) {
-    int64_t s_pad = (S + 15) / 16 * 16;
+    int64_t s_pad = (S + S_ALIGN - 1) / S_ALIGN * S_ALIGN;
     return Hkv * D * s_pad + (int64_t)threads * ROWS * s_pad * 3 / 2 + VALUE_PAIRS * Hkv * D * s_pad / 2;
 }
 
@@ -190,7 +287,7 @@ int64_t edgellm_attention_work(int64_t S, int64_t Hkv, int64_t D, int threads) {
 void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k, const float *v, int64_t kv_h,
                        int64_t kv_s, int64_t T, int64_t S, int64_t H, int64_t Hkv, int64_t D, float scale,
                        float softcap, const uint8_t *mask, int64_t window, float *out, float *work, int threads) {
-    int64_t s_pad = (S + 15) / 16 * 16;
+    int64_t s_pad = (S + S_ALIGN - 1) / S_ALIGN * S_ALIGN;
     float *kt = work, *per_thread = work + Hkv * D * s_pad;
     uint32_t *vp = (uint32_t *)(per_thread + (int64_t)threads * ROWS * s_pad * 3 / 2);
     Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, mask ? 0 : window, scale, softcap, mask, out,
@@ -201,10 +298,13 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
 #endif
 #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
     for (int64_t hk = 0; hk < Hkv; hk++)
-        for (int64_t d = 0; d < D; d++) {
-            float *row = kt + (hk * D + d) * s_pad;
-            for (int64_t s = 0; s < S; s++) row[s] = k[hk * kv_h + s * kv_s + d];
-            for (int64_t s = S; s < s_pad; s++) row[s] = 0.f;
+        for (int64_t j0 = 0; j0 < s_pad; j0 += KEY_BLOCK) {  /* Kt: zero past S */
+            float *block = kt + hk * D * s_pad + j0 * D;
+            for (int64_t j = j0; j < j0 + KEY_BLOCK; j++)
+                if (j < S)
+                    for (int64_t d = 0; d < D; d++) block[d * KEY_BLOCK + j - j0] = k[hk * kv_h + j * kv_s + d];
+                else
+                    for (int64_t d = 0; d < D; d++) block[d * KEY_BLOCK + j - j0] = 0.f;
         }
     int64_t group = H / Hkv;
     int64_t heads_per_block = group < ROWS ? group : ROWS;

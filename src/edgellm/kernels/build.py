@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from edgellm.kernels.isa import Variant, selected
+from edgellm.kernels.isa import Variant, cpu_features, selected
 
 # Every C file and header of this package: a new native layer file (e.g. <family>_layer.c) is
 # compiled without being listed anywhere.
@@ -110,7 +110,13 @@ def _cpu_identity() -> bytes:
 
 
 def _flags(variant: Variant) -> list[str]:
-    return variant.compiler_flags() + (["-mtune=native"] if variant.name in ("avx512", "avx2") else [])
+    return variant.compiler_flags() + (["-mtune=native"] if variant.name in ("avx512", "avx2") else []) + _tuning(variant)
+
+
+def _tuning(variant: Variant) -> list[str]:
+    """What this CPU's microarchitecture changes in the kernels: Intel's AMX cores run AVX512-BF16's
+    vdpbf16ps at half the fp32 FMA rate (attention.c then multiplies P·V in fp32)."""
+    return ["-DEDGELLM_HALF_RATE_BF16_DOT"] if variant.bf16 and "amx_bf16" in cpu_features() else []
 
 
 def library_path(variant: Variant) -> Path:
@@ -127,7 +133,12 @@ def library_for(variant: Variant) -> ctypes.CDLL:
     target = library_path(variant)
     if not target.is_file():
         build(_sources(), _flags(variant), target)
-    lib = ctypes.CDLL(str(target))
+    return load(target)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A built library, its functions typed."""
+    lib = ctypes.CDLL(str(path))
     for name, (restype, argtypes) in _SIGNATURES.items():
         function = getattr(lib, name)
         function.restype, function.argtypes = restype, argtypes
