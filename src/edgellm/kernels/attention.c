@@ -67,6 +67,13 @@ static inline int pass_rows(int rows) {
     ROWS_7_8(CALL)                                                    \
     }
 
+/* A block's `rows` in passes of pass_rows(rows): CALL(n) for each, with the pass's first row in i0. */
+#define BY_PASSES(rows, CALL)                                                           \
+    for (int i0 = 0, per_ = pass_rows(rows); i0 < (rows); i0 += per_) {                 \
+        int n_ = (rows) - i0 < per_ ? (rows) - i0 : per_;                               \
+        FOR_ROWS(n_, CALL)                                                              \
+    }
+
 typedef struct {
     const float *q; int64_t q_t, q_h;          /* q[t * q_t + h * q_h + d] */
     const float *k, *v; int64_t kv_h, kv_s;    /* k[h * kv_h + s * kv_s + d] */
@@ -94,38 +101,36 @@ static inline vf finish_score(const Problem *p, vf acc) {
     return s;
 }
 
+/* `rows` query rows against `vecs` vectors of keys of a Kt block from `block` (both constants in
+   each instance), stored at sc: every broadcast query element feeds `vecs` FMAs. */
+ALWAYS_INLINE void score_keys(const Problem *p, const float *block, int rows, int vecs, const float *const *qrow,
+                              float *sc) {
+    vf acc[PASS_ROWS][2];
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < vecs; c++) acc[i][c] = vf_zero();
+    for (int64_t d = 0; d < p->D; d++) {
+        vf key[2];
+        for (int c = 0; c < vecs; c++) key[c] = vf_load(block + d * KEY_BLOCK + c * VL);
+        for (int i = 0; i < rows; i++) {
+            vf x = vf_set1(qrow[i][d]);
+            for (int c = 0; c < vecs; c++) acc[i][c] = vf_fma(x, key[c], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < vecs; c++) vf_store(sc + i * p->s_pad + c * VL, finish_score(p, acc[i][c]));
+}
+
 /* One pass: `rows` (a constant in each instance) query rows against the keys [first, end) of one
-   KV head's Kt, a whole block of 2 VL keys at a time where one fits, else VL keys. */
+   KV head's Kt, a whole block of 2 VL keys at a time where one fits, else VL keys (a window's
+   first keys, or the last ones). */
 ALWAYS_INLINE void score_pass(const Problem *p, const float *kt, int rows, const float *const *qrow, int64_t first,
                               int64_t end, float *sc) {
     for (int64_t j = first; j < end;) {
         const float *block = kt + (j / KEY_BLOCK) * KEY_BLOCK * p->D + j % KEY_BLOCK;
-        if (j % KEY_BLOCK == 0 && j + KEY_BLOCK <= end) {
-            vf a0[PASS_ROWS], a1[PASS_ROWS];
-            for (int i = 0; i < rows; i++) a0[i] = a1[i] = vf_zero();
-            for (int64_t d = 0; d < p->D; d++) {
-                vf k0 = vf_load(block + d * KEY_BLOCK), k1 = vf_load(block + d * KEY_BLOCK + VL);
-                for (int i = 0; i < rows; i++) {
-                    vf x = vf_set1(qrow[i][d]);
-                    a0[i] = vf_fma(x, k0, a0[i]);
-                    a1[i] = vf_fma(x, k1, a1[i]);
-                }
-            }
-            for (int i = 0; i < rows; i++) {
-                vf_store(sc + i * p->s_pad + j, finish_score(p, a0[i]));
-                vf_store(sc + i * p->s_pad + j + VL, finish_score(p, a1[i]));
-            }
-            j += KEY_BLOCK;
-        } else {  /* half a block: a window's first keys, or the last ones */
-            vf a0[PASS_ROWS];
-            for (int i = 0; i < rows; i++) a0[i] = vf_zero();
-            for (int64_t d = 0; d < p->D; d++) {
-                vf k0 = vf_load(block + d * KEY_BLOCK);
-                for (int i = 0; i < rows; i++) a0[i] = vf_fma(vf_set1(qrow[i][d]), k0, a0[i]);
-            }
-            for (int i = 0; i < rows; i++) vf_store(sc + i * p->s_pad + j, finish_score(p, a0[i]));
-            j += VL;
-        }
+        int whole = j % KEY_BLOCK == 0 && j + KEY_BLOCK <= end;
+        if (whole) score_keys(p, block, rows, 2, qrow, sc + j);
+        else score_keys(p, block, rows, 1, qrow, sc + j);
+        j += whole ? KEY_BLOCK : VL;
     }
 }
 
@@ -137,12 +142,9 @@ static void scores(const Problem *p, int64_t hk, int rows, const int64_t *h, con
     const float *qrow[ROWS];
     for (int i = 0; i < rows; i++) qrow[i] = p->q + t[i] * p->q_t + h[i] * p->q_h;
     int64_t end = (len + 15) / 16 * 16;
-    for (int i0 = 0, per = pass_rows(rows); i0 < rows; i0 += per) {
-        int n = rows - i0 < per ? rows - i0 : per;
 #define SCORE_PASS(N) score_pass(p, kt, N, qrow + i0, first, end, sc + i0 * p->s_pad)
-        FOR_ROWS(n, SCORE_PASS)
+    BY_PASSES(rows, SCORE_PASS)
 #undef SCORE_PASS
-    }
 }
 
 /* In place: scores -> unnormalized probabilities over [first, len) (zero up to the next 16);
@@ -206,12 +208,9 @@ ALWAYS_INLINE void value_pass(const Problem *p, const float *v, int rows, const 
 static void weighted_values(const Problem *p, int64_t hk, int rows, const int64_t *h, const int64_t *t,
                             int64_t first, int64_t len, const float *sc, const float *inv_sum) {
     const float *v = p->v + hk * p->kv_h;
-    for (int i0 = 0, per = pass_rows(rows); i0 < rows; i0 += per) {
-        int n = rows - i0 < per ? rows - i0 : per;
 #define VALUE_PASS(N) value_pass(p, v, N, h + i0, t + i0, first, len, sc + i0 * p->s_pad, inv_sum + i0)
-        FOR_ROWS(n, VALUE_PASS)
+    BY_PASSES(rows, VALUE_PASS)
 #undef VALUE_PASS
-    }
 }
 
 #if VALUE_PAIRS
@@ -248,12 +247,9 @@ static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const i
             _mm256_storeu_si256((__m256i *)(pb + i * p->s_pad + j), (__m256i)_mm512_cvtneps_pbh(x));
         }
     const uint32_t *vp = p->vp + hk * (p->s_pad / 2) * p->D;
-    for (int i0 = 0, per = pass_rows(rows); i0 < rows; i0 += per) {
-        int n = rows - i0 < per ? rows - i0 : per;
 #define VALUE_PASS(N) value_pass_bf16(p, vp, N, h + i0, t + i0, first, len, pb + i0 * p->s_pad, inv_sum + i0)
-        FOR_ROWS(n, VALUE_PASS)
+    BY_PASSES(rows, VALUE_PASS)
 #undef VALUE_PASS
-    }
 }
 
 /* V of every KV head as bf16 key pairs (see weighted_values_bf16), zero past S. */
