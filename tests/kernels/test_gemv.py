@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from edgellm import kernels
+from edgellm.kernels.build import _sources, build, compiler, load
+from edgellm.kernels.isa import Variant, cpu_features
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.int4_pack import pack_int4, scale_zero_pairs, unpack_int4
 from tests.quant import reference
@@ -43,6 +45,24 @@ def test_int4_gemv_matches_fp64_and_the_scalar_reference(lib, scalar, n, k, plan
     assert ours.shape == (m, n) and ours.dtype == torch.float32
     assert _close(ours, x @ w.T, TO_FP64)
     assert _close(ours, kernels.int4_gemv(x.float(), packed, pairs, group, planes, lib=scalar), TO_SCALAR)
+
+
+def test_int4_gemv_without_vbmi_matches_the_scalar_reference(tmp_path, scalar):
+    # CPUs with AVX512-VBMI unpack INT4 weights with vpermb into rows in order; Cascade Lake's
+    # baseline path (vpunpck, rows in a per-lane order) is built here without that flag
+    if not {"avx512vbmi", "avx512_vnni"} <= cpu_features():
+        pytest.skip("the regular avx512 library already is the baseline path, or the CPU has no AVX-512")
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    build(_sources(), Variant("avx512").compiler_flags(), tmp_path / "baseline.so")
+    lib = load(tmp_path / "baseline.so")
+    for n, k, planes, group in [(960, 576, 1, 32), (128, 640, 2, 32), (192, 256, 1, 128)]:
+        packed, pairs, w = _int4(n, k, planes, group)
+        for m in (1, 3, 4, 8):
+            x = torch.randn(m, k, dtype=torch.float64, generator=torch.Generator().manual_seed(m)) * 3
+            ours = kernels.int4_gemv(x.float(), packed, pairs, group, planes, lib=lib)
+            assert _close(ours, x @ w.T, TO_FP64)
+            assert _close(ours, kernels.int4_gemv(x.float(), packed, pairs, group, planes, lib=scalar), TO_SCALAR)
 
 
 def test_int4_gemv_zero_and_extreme_activations(lib):

@@ -101,3 +101,13 @@ def test_amx_cores_multiply_attention_values_in_fp32(monkeypatch):
     assert "-DEDGELLM_HALF_RATE_BF16_DOT" not in build._flags(Variant("avx512"))
     monkeypatch.setattr(build, "cpu_features", lambda: frozenset({"avx512_bf16"}))  # a Zen 4
     assert "-DEDGELLM_HALF_RATE_BF16_DOT" not in build._flags(bf16)
+
+
+def test_vbmi_cpus_build_the_int4_unpacking_with_vpermb(monkeypatch):
+    from edgellm.kernels import build
+
+    monkeypatch.setattr(build, "cpu_features", lambda: frozenset({"avx512_vnni", "avx512vbmi"}))
+    assert "-mavx512vbmi" in build._flags(Variant("avx512"))
+    assert "-mavx512vbmi" not in build._flags(Variant("avx2"))  # the AVX2 variants never take it
+    monkeypatch.setattr(build, "cpu_features", lambda: frozenset({"avx512_vnni"}))  # a Cascade Lake
+    assert "-mavx512vbmi" not in build._flags(Variant("avx512"))

@@ -13,6 +13,39 @@
 
 #define MAX_M 8
 
+#if EDGELLM_AVX512
+/* y = the product of chunks [c0, c1) of block nb (int4_layout.h: 0, 4 the whole block, 0, 2 its low
+   nibbles' 32 rows, 2, 4 the high ones') with m <= I4_TILE activation rows. The sums and the outputs
+   stay in registers from the first group to the last (stored through memory per group, they cost a
+   batch of 4 rows 12-20 % of its time). */
+ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw, int64_t group,
+                           int64_t ka, int64_t nb, int m, const Act *act, float *y, int64_t ldy, int c0, int c1) {
+    const uint8_t *w = packed + nb * I4_ROWS * kw / 2;  /* this block: kw * 32 bytes */
+    __m512 out[I4_TILE][4];
+    for (int i = 0; i < m; i++)
+        for (int c = c0; c < c1; c++) out[i][c] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < kw / group; g++) {
+        int64_t ga = (g * group) % ka, gi = ga / group;  /* activation index of this group's first k */
+        const uint16_t *sz = scale_zero + (g * n + nb * I4_ROWS) * 2;
+        if (nb + 1 < n / I4_ROWS)  /* the next block's scales: see the generic block64 */
+            for (int64_t p = 0; p < I4_ROWS * 4; p += 64) __builtin_prefetch((const uint8_t *)(sz + I4_ROWS * 2) + p);
+        __m512i dots[I4_TILE][4];
+        i4_dots_zmm(w + g * group * 32, group, m, act, ga, dots, c0, c1);
+        for (int c = c0; c < c1; c++) {
+            __m512i pairs = i4_chunk_pairs(sz, c);
+            vf scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+            vf zero = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000)));
+            vf offset = vf_fnma(vf_set1(8.f), scale, zero);
+            for (int i = 0; i < m; i++) {
+                vf acc = vf_fma(vf_from_vi(dots[i][c]), vf_mul(scale, vf_set1(act[i].dx[gi])), out[i][c]);
+                out[i][c] = vf_fma(offset, vf_set1(act[i].sum[gi]), acc);
+            }
+        }
+    }
+    for (int i = 0; i < m; i++)
+        for (int c = c0; c < c1; c++) i4_chunk_store(y + i * ldy + nb * I4_ROWS, c, out[i][c]);
+}
+#else
 /* y rows [nb*64, nb*64 + 64) += the block's product with m <= I4_TILE activation rows. */
 ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw, int64_t group,
                     int64_t ka, int64_t nb, int m, const Act *act, float *y, int64_t ldy) {
@@ -20,9 +53,7 @@ ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, in
     int32_t dots[I4_TILE][I4_ROWS];
     for (int64_t g = 0; g < kw / group; g++) {
         int64_t ga = (g * group) % ka;  /* activation index of this group's first k */
-#ifndef I4_PREFETCH_IN_DOTS
         for (int64_t p = 0; p < group * 32; p += 64) __builtin_prefetch(w + g * group * 32 + I4_PREFETCH_BYTES + p);
-#endif
         const uint16_t *sz = scale_zero + (g * n + nb * I4_ROWS) * 2;
         /* the next block's scales of this group: a row of groups is n * 4 bytes apart, a stride
            the hardware prefetcher does not follow (a batch stalled here for ~1/5 of its time) */
@@ -42,6 +73,30 @@ ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, in
         }
     }
 }
+#endif
+
+/* block64 for `rows` activation rows, each row count (and chunk range) a constant, so the
+   accumulators stay in registers (a variable one kept them in memory: a batch of 4 loaded and stored
+   all 16 for every pair of k's) */
+static void block_rows(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw, int64_t group,
+                       int64_t ka, int64_t nb, int rows, const Act *act, float *y, int64_t ldy, int c0, int c1) {
+#if EDGELLM_AVX512
+#define I4_CALL(r, a, b) block64(packed, scale_zero, n, kw, group, ka, nb, r, act, y, ldy, a, b)
+#define I4_PARTS(r) if (c1 - c0 == 4) I4_CALL(r, 0, 4); else if (c0 == 0) I4_CALL(r, 0, 2); else I4_CALL(r, 2, 4); break;
+#else
+#define I4_PARTS(r) block64(packed, scale_zero, n, kw, group, ka, nb, r, act, y, ldy); break;
+    (void)c0, (void)c1;
+#endif
+    switch (rows) {
+    case 1: I4_PARTS(1)
+    case 2: I4_PARTS(2)
+    case 3: I4_PARTS(3)
+    case 4: I4_PARTS(4)
+    default: I4_PARTS(rows)
+    }
+#undef I4_PARTS
+#undef I4_CALL
+}
 
 /* Scratch bytes edgellm_int4_gemv needs for m activation rows of ka. */
 int64_t edgellm_int4_gemv_work(int m, int64_t ka, int64_t group) { return m * act_bytes(ka, group); }
@@ -52,20 +107,20 @@ void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed,
                        int64_t n, int64_t kw, int64_t group, float *y, int64_t ldy, void *work, int threads) {
     Act act[MAX_M];
     for (int i = 0; i < m; i++) act[i] = quantize_act(x + i * ka, ka, group, (uint8_t *)work + i * act_bytes(ka, group));
+#if !EDGELLM_AVX512  /* where block64 adds to y; AVX-512's stores it */
     for (int i = 0; i < m; i++) memset(y + i * ldy, 0, (size_t)n * sizeof(float));
-    int64_t blocks = n / I4_ROWS;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t nb = 0; nb < blocks; nb++)
-        for (int i0 = 0; i0 < m; i0 += I4_TILE) {
-            int rows = m - i0 < I4_TILE ? m - i0 : I4_TILE;
-            /* each row count a constant, so the accumulators stay in registers (a variable one kept
-               them in memory: a batch of 4 loaded and stored all 16 for every pair of k's) */
-            switch (rows) {
-            case 1: block64(packed, scale_zero, n, kw, group, ka, nb, 1, act + i0, y + i0 * ldy, ldy); break;
-            case 2: block64(packed, scale_zero, n, kw, group, ka, nb, 2, act + i0, y + i0 * ldy, ldy); break;
-            case 3: block64(packed, scale_zero, n, kw, group, ka, nb, 3, act + i0, y + i0 * ldy, ldy); break;
-            case 4: block64(packed, scale_zero, n, kw, group, ka, nb, 4, act + i0, y + i0 * ldy, ldy); break;
-            default: block64(packed, scale_zero, n, kw, group, ka, nb, rows, act + i0, y + i0 * ldy, ldy);
-            }
+#endif
+    /* Each thread a contiguous share of half-blocks where AVX-512 can split them (a 576-row projection's
+       9 blocks went 5 : 4 over 2 threads), whole blocks inside a share: their nibbles unpack once. */
+    int64_t parts = n / I4_ROWS * I4_SPLIT;
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int t = 0; t < threads; t++)
+        for (int64_t p = parts * t / threads, end = parts * (t + 1) / threads; p < end;) {
+            int whole = p % I4_SPLIT == 0 && p + I4_SPLIT <= end;
+            int c0 = whole ? 0 : 2 * (int)(p % 2), c1 = whole ? 4 : c0 + 2;
+            for (int i0 = 0; i0 < m; i0 += I4_TILE)
+                block_rows(packed, scale_zero, n, kw, group, ka, p / I4_SPLIT, m - i0 < I4_TILE ? m - i0 : I4_TILE,
+                           act + i0, y + i0 * ldy, ldy, c0, c1);
+            p += whole ? I4_SPLIT : 1;
         }
 }

@@ -15,17 +15,19 @@
 
 /* Bytes ahead to prefetch (a thread's blocks are contiguous): one core alone keeps too few lines in
    flight to stream at the memory's speed (SmolLM2 decode +10-20 %; 2 KB measured best of 0-12 KB).
-   AVX-512 prefetches a line per pair of k's inside i4_dots (5 % faster than a group's lines in one
-   burst, A/B at 1-8 rows); the other variants a group's lines before its i4_dots. */
+   AVX-512 prefetches a line per pair of k's inside i4_dots_zmm (5 % faster than a group's lines in
+   one burst, A/B at 1-8 rows); the other variants a group's lines before its i4_dots. */
 #define I4_PREFETCH_BYTES 2048
 
 #if EDGELLM_AVX512
-#define I4_PREFETCH_IN_DOTS 1
-#define I4_TILE 4   /* activation rows per i4_dots call: its accumulators stay in registers */
+#define I4_TILE 4   /* activation rows per i4_dots_zmm call: its accumulators stay in registers */
+#define I4_SPLIT 2  /* parts a block's work may split into between threads: its two halves of 32 rows */
 #elif EDGELLM_AVX2
 #define I4_TILE 8   /* a batch goes 8 rows of the block at a time instead (i4_dots_batch) */
+#define I4_SPLIT 1
 #else
 #define I4_TILE 2
+#define I4_SPLIT 1
 #endif
 
 #if EDGELLM_AVX2
@@ -136,43 +138,87 @@ static void i4_dots_batch(const uint8_t *w, int64_t group, int m, const Act *act
 }
 #endif
 
-/* dots[i][r] = sum over kk < group of q[r][k0 + kk] * act[i].q[ka0 + kk], for the block whose
-   k-row k0 starts at w (32 bytes per k), m <= I4_TILE; group is a multiple of 4. */
-ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
-                           int32_t dots[][I4_ROWS]) {
 #if EDGELLM_AVX512
-    /* Bytes of k and k + 1 interleaved (vpunpck{l,h}bw) and widened to words: lane j of
-       chunk r holds (byte of k, byte of k + 1) of one row position; the low nibbles are rows
-       0-31, the high ones 32-63. 8 instructions unpack a pair of k's of 64 rows (22 widening
-       each nibble to a dword did: a batch of 4 spent as long unpacking as multiplying).
-       Rows per chunk: 0 {0-7, 16-23}, 1 {8-15, 24-31}, 2 and 3 the same + 32 (the stores below). */
-    __m512i acc[I4_TILE][4];
-    for (int i = 0; i < m; i++)
-        for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_si512();
+/* AVX-512 keeps a block's sums in registers as 4 "chunks" of 16 rows (int4_gemv.c's block64).
+   i4_pairs_zmm turns the 64 bytes of k and k + 1 into the chunks' int16 pairs (k, k + 1): with VBMI
+   one vpermb per two chunks interleaves the bytes of k and k + 1 and widens them to words, so chunk c
+   holds rows 16c .. 16c + 16 in order (the low nibbles make chunks 0 and 1, the high nibbles of the
+   same words chunks 2 and 3). Without VBMI (Cascade Lake) vpunpck{l,h}bw + vpmovzxbw work per 128-bit
+   lane, two instructions more: chunk c then holds rows f .. f + 8 and f + 16 .. f + 24 with
+   f = 32 (c >> 1) + 8 (c & 1). The scales and outputs follow the same order (the helpers below). */
+#ifdef __AVX512VBMI__
+#define I4_PAIR(c, j) 16 * (c) + (j), 0, 32 + 16 * (c) + (j), 0  /* a word of byte j of k, one of k + 1 */
+#define I4_PAIRS4(c, j) I4_PAIR(c, j), I4_PAIR(c, j + 1), I4_PAIR(c, j + 2), I4_PAIR(c, j + 3)
+static const uint8_t I4_TO_CHUNK[2][64] __attribute__((aligned(64))) = {
+    {I4_PAIRS4(0, 0), I4_PAIRS4(0, 4), I4_PAIRS4(0, 8), I4_PAIRS4(0, 12)},
+    {I4_PAIRS4(1, 0), I4_PAIRS4(1, 4), I4_PAIRS4(1, 8), I4_PAIRS4(1, 12)},
+};
+#endif
+
+ALWAYS_INLINE void i4_pairs_zmm(const uint8_t *w, __m512i wq[4], int c0, int c1) {
     const __m512i low4 = _mm512_set1_epi16(0x0F);
+#ifdef __AVX512VBMI__
+    const __mmask64 even_bytes = 0x5555555555555555ull;  /* odd bytes zeroed: each word is one byte */
+    __m512i both = _mm512_loadu_si512((const void *)w);
+    __m512i lo = _mm512_maskz_permutexvar_epi8(even_bytes, _mm512_load_si512((const void *)I4_TO_CHUNK[0]), both);
+    __m512i hi = _mm512_maskz_permutexvar_epi8(even_bytes, _mm512_load_si512((const void *)I4_TO_CHUNK[1]), both);
+#else
+    __m256i a = _mm256_loadu_si256((const __m256i *)w), b = _mm256_loadu_si256((const __m256i *)(w + 32));
+    __m512i lo = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(a, b));
+    __m512i hi = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(a, b));
+#endif
+    /* a word holds a zero-extended byte: its high nibble needs only the shift */
+    if (c0 == 0) wq[0] = _mm512_and_si512(lo, low4), wq[1] = _mm512_and_si512(hi, low4);
+    if (c1 == 4) wq[2] = _mm512_srli_epi16(lo, 4), wq[3] = _mm512_srli_epi16(hi, 4);
+}
+
+/* chunk c's 16 (scale, zero) pairs from the block's 64 at sz */
+static inline __m512i i4_chunk_pairs(const uint16_t *sz, int c) {
+#ifdef __AVX512VBMI__
+    return _mm512_loadu_si512((const void *)(sz + 32 * c));
+#else
+    int f = 32 * (c >> 1) + 8 * (c & 1);
+    __m256i first = _mm256_loadu_si256((const __m256i *)(sz + 2 * f));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(first), _mm256_loadu_si256((const __m256i *)(sz + 2 * (f + 16))), 1);
+#endif
+}
+
+/* chunk c's 16 outputs into the block's 64 at y */
+static inline void i4_chunk_store(float *y, int c, __m512 v) {
+#ifdef __AVX512VBMI__
+    _mm512_storeu_ps(y + 16 * c, v);
+#else
+    int f = 32 * (c >> 1) + 8 * (c & 1);
+    _mm256_storeu_ps(y + f, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(y + f + 16, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+#endif
+}
+
+/* acc[i][c] = chunk c's sums over kk < group of q[row][k0 + kk] * act[i].q[ka0 + kk], for the chunks
+   c0 <= c < c1 (0, 4: the whole block; 0, 2 or 2, 4: a half), m <= I4_TILE */
+ALWAYS_INLINE void i4_dots_zmm(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
+                               __m512i acc[][4], int c0, int c1) {
+    for (int i = 0; i < m; i++)
+        for (int c = c0; c < c1; c++) acc[i][c] = _mm512_setzero_si512();
     for (int64_t kk = 0; kk < group; kk += 2) {
         __builtin_prefetch(w + kk * 32 + I4_PREFETCH_BYTES);  /* a line per pair of k's: as fast as they are read */
-        __m256i a = _mm256_loadu_si256((const __m256i *)(w + kk * 32));
-        __m256i b = _mm256_loadu_si256((const __m256i *)(w + (kk + 1) * 32));
-        __m512i lo = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(a, b));
-        __m512i hi = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(a, b));
-        /* a word holds a zero-extended byte: its high nibble needs only the shift */
-        __m512i wq[4] = {_mm512_and_si512(lo, low4), _mm512_and_si512(hi, low4), _mm512_srli_epi16(lo, 4),
-                         _mm512_srli_epi16(hi, 4)};
+        __m512i wq[4];
+        i4_pairs_zmm(w + kk * 32, wq, c0, c1);
         for (int i = 0; i < m; i++) {
             int32_t pair;
             memcpy(&pair, act[i].q + ka0 + kk, 4);
             __m512i xp = _mm512_set1_epi32(pair);
-            for (int r = 0; r < 4; r++) acc[i][r] = dpwssd512(acc[i][r], wq[r], xp);
+            for (int c = c0; c < c1; c++) acc[i][c] = dpwssd512(acc[i][c], wq[c], xp);
         }
     }
-    for (int i = 0; i < m; i++)
-        for (int r = 0; r < 4; r++) {
-            int first = (r >> 1) * 32 + (r & 1) * 8;  /* chunk r: rows first.. + 8, first + 16.. + 8 */
-            _mm256_storeu_si256((__m256i *)(dots[i] + first), _mm512_castsi512_si256(acc[i][r]));
-            _mm256_storeu_si256((__m256i *)(dots[i] + first + 16), _mm512_extracti64x4_epi64(acc[i][r], 1));
-        }
-#elif EDGELLM_AVX2
+}
+#else
+
+/* dots[i][r] = sum over kk < group of q[r][k0 + kk] * act[i].q[ka0 + kk], for the block whose
+   k-row k0 starts at w (32 bytes per k), m <= I4_TILE; group is a multiple of 4. */
+ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *act, int64_t ka0,
+                           int32_t dots[][I4_ROWS]) {
+#if EDGELLM_AVX2
     if (m > 1) {
         i4_dots_batch(w, group, m, act, ka0, dots);
         return;
@@ -258,4 +304,5 @@ ALWAYS_INLINE void i4_dots(const uint8_t *w, int64_t group, int m, const Act *ac
     }
 #endif
 }
+#endif  /* EDGELLM_AVX512 */
 #endif
