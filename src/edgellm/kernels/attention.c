@@ -289,6 +289,7 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
     Problem p = {q, q_t, q_h, k, v, kv_h, kv_s, T, S, H, Hkv, D, s_pad, mask ? 0 : window, scale, softcap, mask, out,
                  kt, vp};
     int bf16_values = edgellm_attention_bf16_values(T);
+    (void)bf16_values;  /* always 0 without VALUE_PAIRS */
 #if VALUE_PAIRS
     if (bf16_values) pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
 #endif
