@@ -62,6 +62,16 @@ def test_same_seed_same_samples_different_seed_differs():
     assert draw(7) != draw(8)
 
 
+def test_unseeded_samplers_leave_torchs_global_generator_alone():
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    a, b = Sampler(SamplingParams(temperature=1.0)), Sampler(SamplingParams(temperature=1.0))
+    assert torch.equal(torch.rand(3), expected)  # the caller's seeded stream goes on undisturbed
+    probs = torch.full((1000,), 1e-3)
+    assert [a.draw(probs) for _ in range(8)] != [b.draw(probs) for _ in range(8)]  # each its own seed
+
+
 def test_sampling_respects_filters():
     sampler = Sampler(SamplingParams(temperature=1.5, top_k=2, seed=3))
     assert {sampler(LOGITS, []) for _ in range(200)} <= {0, 4}

@@ -2,6 +2,7 @@
 only from an explicit, seeded generator, so the same seed gives the same text."""
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -100,7 +101,8 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.generator = torch.Generator()
-        self.generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        # no seed: a fresh one of our own (torch.seed() would reseed torch's global generator, the caller's)
+        self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
         probs = self.probs(logits, history)
