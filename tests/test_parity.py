@@ -33,6 +33,7 @@ class Reference:
 
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        self._logits: dict[tuple[int, ...], torch.Tensor] = {}  # the tests ask for the same ids again
 
     def greedy(self, ids: list[int], n: int) -> list[int]:
         with torch.inference_mode():
@@ -41,8 +42,10 @@ class Reference:
         return out[0, len(ids):].tolist()
 
     def logits(self, ids: list[int]) -> torch.Tensor:
-        with torch.inference_mode():
-            return self.model(torch.tensor([ids])).logits[0]
+        if tuple(ids) not in self._logits:
+            with torch.inference_mode():
+                self._logits[tuple(ids)] = self.model(torch.tensor([ids])).logits[0]
+        return self._logits[tuple(ids)]
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
@@ -91,11 +94,15 @@ def _teacher_forced(model, reference):
     return _agreement(model.logits(ids), reference.logits(ids))
 
 
-def _agreement(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+def _agreement(ours: torch.Tensor, ref: torch.Tensor, rows: int = 32) -> tuple[float, float]:
+    """Top-1 agreement and mean KL(ref || ours) per position. In slices of rows that stay in cache:
+    over Gemma's 1,000 x 262k logits, kl_div(reduction="none") on the whole took ~11 s, this ~2."""
     top1 = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    kl = torch.nn.functional.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True,
-                                    reduction="none").sum(-1)
-    return top1, kl.mean().item()
+    kl = []
+    for i in range(0, ours.shape[0], rows):
+        log_ours, log_ref = ours[i:i + rows].log_softmax(-1), ref[i:i + rows].log_softmax(-1)
+        kl.append((log_ref.exp() * (log_ref - log_ours)).sum(-1))
+    return top1, torch.cat(kl).mean().item()
 
 
 def _decoded_logits(model, ids: list[int]) -> torch.Tensor:
