@@ -14,6 +14,7 @@ import torch
 
 import edgellm
 from edgellm.kernels.isa import cpu_features
+from tests.agreement import agreement
 
 pytestmark = pytest.mark.slow
 
@@ -91,18 +92,7 @@ def test_exact_last_position_logits_close(pair):
 def _teacher_forced(model, reference):
     ids = model.tokenizer.encode(HELDOUT)[:TEACHER_FORCED_TOKENS]
     assert len(ids) == TEACHER_FORCED_TOKENS
-    return _agreement(model.logits(ids), reference.logits(ids))
-
-
-def _agreement(ours: torch.Tensor, ref: torch.Tensor, rows: int = 32) -> tuple[float, float]:
-    """Top-1 agreement and mean KL(ref || ours) per position. In slices of rows that stay in cache:
-    over Gemma's 1,000 x 262k logits, kl_div(reduction="none") on the whole took ~11 s, this ~2."""
-    top1 = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    kl = []
-    for i in range(0, ours.shape[0], rows):
-        log_ours, log_ref = ours[i:i + rows].log_softmax(-1), ref[i:i + rows].log_softmax(-1)
-        kl.append((log_ref.exp() * (log_ref - log_ours)).sum(-1))
-    return top1, torch.cat(kl).mean().item()
+    return agreement(model.logits(ids), reference.logits(ids))
 
 
 def _decoded_logits(model, ids: list[int]) -> torch.Tensor:
@@ -137,7 +127,7 @@ def test_fast_decode_agreement_per_variant(pair, variant, monkeypatch):
     try:
         model = edgellm.load(fast.path, mode="fast")
         ids = model.tokenizer.encode(HELDOUT)[:DECODED_TOKENS]
-        top1, kl = _agreement(_decoded_logits(model, ids), reference.logits(ids))
+        top1, kl = agreement(_decoded_logits(model, ids), reference.logits(ids))
         model.close()
     finally:
         isa.selected.cache_clear()  # the next test selects again, under its own environment
@@ -146,14 +136,14 @@ def test_fast_decode_agreement_per_variant(pair, variant, monkeypatch):
     assert top1 >= 0.96 and kl < 2e-3
 
 
-def test_exact_teacher_forced_agreement(pair):
+def test_exact_teacher_forcedagreement(pair):
     name, reference, exact, _ = pair
     top1, kl = _teacher_forced(exact, reference)
     print(f"\n{name} exact: top-1 {top1:.4f}, mean KL {kl:.2e}")
     assert top1 >= 0.99 and kl < 1e-5
 
 
-def test_fast_teacher_forced_agreement(pair):
+def test_fast_teacher_forcedagreement(pair):
     name, reference, _, fast = pair
     top1, kl = _teacher_forced(fast, reference)
     from edgellm import kernels

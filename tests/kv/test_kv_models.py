@@ -11,6 +11,7 @@ import edgellm
 from edgellm.errors import KVStateMismatch
 from edgellm.generate.generator import prefill, prefill_chunk
 from edgellm.kv import KVConfig
+from tests.agreement import agreement
 
 SYSTEM = ("You are a careful assistant for a lighthouse maintenance team. " * 12).strip()
 PREFIX_CACHE = 256 * 2**20
@@ -105,9 +106,7 @@ def test_int8_kv_stays_close_to_bf16_kv(name):
         ref = _teacher_forced(model, KVConfig(k_precision="bf16", v_precision="bf16"), ids)
         for precision in ("int8", "int4"):
             out = _teacher_forced(model, KVConfig(k_precision=precision, v_precision=precision), ids)
-            kl = torch.nn.functional.kl_div(out.log_softmax(-1), ref.log_softmax(-1), log_target=True,
-                                            reduction="none").sum(-1).mean().item()
-            top1 = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
+            top1, kl = agreement(out, ref)
             print(f"\n{name} {precision} KV vs bf16 KV: mean KL {kl:.4f}, top-1 {top1:.4f}")
             if precision == "int8":
                 # top-1 over all positions moves ±0.5 % with any change of float order (near-ties:
