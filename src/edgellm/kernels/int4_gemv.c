@@ -32,9 +32,8 @@ ALWAYS_INLINE void block64(const uint8_t *packed, const uint16_t *scale_zero, in
         __m512i dots[I4_TILE][4];
         i4_dots_zmm(w + g * group * 32, group, m, act, ga, dots, c0, c1);
         for (int c = c0; c < c1; c++) {
-            __m512i pairs = i4_chunk_pairs(sz, c);
-            vf scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-            vf zero = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000)));
+            vf scale, zero;
+            i4_chunk_scales(sz, c, &scale, &zero);
             vf offset = vf_fnma(vf_set1(8.f), scale, zero);
             for (int i = 0; i < m; i++) {
                 vf acc = vf_fma(vf_from_vi(dots[i][c]), vf_mul(scale, vf_set1(act[i].dx[gi])), out[i][c]);

@@ -172,14 +172,15 @@ ALWAYS_INLINE void i4_pairs_zmm(const uint8_t *w, __m512i wq[4], int c0, int c1)
     if (c1 == 4) wq[2] = _mm512_srli_epi16(lo, 4), wq[3] = _mm512_srli_epi16(hi, 4);
 }
 
-/* chunk c's 16 (scale, zero) pairs from the block's 64 at sz */
-static inline __m512i i4_chunk_pairs(const uint16_t *sz, int c) {
+/* chunk c's 16 (scale, zero) pairs from the block's 64 at sz, as two vectors */
+static inline void i4_chunk_scales(const uint16_t *sz, int c, vf *scale, vf *zero) {
 #ifdef __AVX512VBMI__
-    return _mm512_loadu_si512((const void *)(sz + 32 * c));
+    vf_load_bf16_pairs(sz + 32 * c, scale, zero);
 #else
     int f = 32 * (c >> 1) + 8 * (c & 1);
     __m256i first = _mm256_loadu_si256((const __m256i *)(sz + 2 * f));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(first), _mm256_loadu_si256((const __m256i *)(sz + 2 * (f + 16))), 1);
+    vf_split_bf16_pairs(_mm512_inserti64x4(_mm512_castsi256_si512(first),
+                                           _mm256_loadu_si256((const __m256i *)(sz + 2 * (f + 16))), 1), scale, zero);
 #endif
 }
 

@@ -152,11 +152,14 @@ static inline vf vf_load_nibbles(const uint8_t *p, int high) {
     b = high ? _mm512_srli_epi32(b, 4) : _mm512_and_si512(b, _mm512_set1_epi32(15));
     return _mm512_cvtepi32_ps(b);
 }
-/* VL (lo, hi) bf16 pairs as two vectors */
-static inline void vf_load_bf16_pairs(const uint16_t *p, vf *lo, vf *hi) {
-    __m512i v = _mm512_loadu_si512((const void *)p);
+/* VL (lo, hi) bf16 pairs, one per 32-bit lane of v, as two vectors */
+static inline void vf_split_bf16_pairs(__m512i v, vf *lo, vf *hi) {
     *lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     *hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000)));
+}
+/* VL (lo, hi) bf16 pairs as two vectors */
+static inline void vf_load_bf16_pairs(const uint16_t *p, vf *lo, vf *hi) {
+    vf_split_bf16_pairs(_mm512_loadu_si512((const void *)p), lo, hi);
 }
 static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
 /* VL values rounded to the nearest integer (ties to even) and stored as int16; |v| < 32768 */
