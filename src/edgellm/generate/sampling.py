@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from edgellm.errors import InvalidRequest
+from edgellm.kernels.build import library
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,13 @@ ARGMAX_ROW = 2048  # logits per row of greedy()'s first pass
 
 
 def greedy(logits: torch.Tensor) -> int:
-    """int(logits.argmax()) of 1-D logits, the first maximum, in two passes: torch's 1-D argmax is
-    a scalar loop (~0.5 ms over Gemma's 262k logits, 2-5 % of a decode step), row maxima
-    vectorize (~25 us)."""
+    """int(logits.argmax()) of 1-D logits, the first maximum: the native kernel where there is one
+    (it runs on this thread, where torch's reduction would wake its OpenMP workers, kernels/pool.h),
+    else in two passes: torch's 1-D argmax is a scalar loop (~0.5 ms over Gemma's 262k logits, 2-5 %
+    of a decode step), row maxima vectorize (~25 us)."""
+    lib = library()
+    if lib is not None and logits.dtype == torch.float32 and logits.is_contiguous() and logits.numel():
+        return lib.edgellm_argmax(logits.data_ptr(), logits.numel())
     full = logits.shape[0] - logits.shape[0] % ARGMAX_ROW
     if full < 2 * ARGMAX_ROW:
         return int(logits.argmax())

@@ -16,6 +16,8 @@
    array, 1 = visible. A block computes only the keys some row of it sees: [first, len).
    softcap > 0 (Gemma 2) caps each scaled score: s -> softcap tanh(s / softcap), with
    tanh(x) = 2 sigmoid(2x) - 1. */
+#include <stdatomic.h>
+
 #include "simd.h"
 
 #define ROWS 8 /* query rows per block */
@@ -252,25 +254,100 @@ static void weighted_values_bf16(const Problem *p, int64_t hk, int rows, const i
 #undef VALUE_PASS
 }
 
+typedef struct {
+    const float *v;
+    int64_t kv_h, kv_s, S, D, s_pad;
+    uint32_t *vp;
+} ValuePairs;
+
+/* Jobs [j0, j1) of (KV head, key pair). */
+static void pack_pairs(void *p, int64_t j0, int64_t j1) {
+    const ValuePairs *a = p;
+    int64_t pairs = a->s_pad / 2, D = a->D;
+    for (int64_t job = j0; job < j1; job++) {
+        int64_t hk = job / pairs, jp = job % pairs, j = 2 * jp;
+        const float *v = a->v + hk * a->kv_h;
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 x = j < a->S ? _mm512_loadu_ps(v + j * a->kv_s + d) : _mm512_setzero_ps();
+            __m512 y = j + 1 < a->S ? _mm512_loadu_ps(v + (j + 1) * a->kv_s + d) : _mm512_setzero_ps();
+            __m512i x16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
+            __m512i y16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(y));
+            _mm512_storeu_si512(a->vp + (hk * pairs + jp) * D + d, _mm512_or_si512(x16, _mm512_slli_epi32(y16, 16)));
+        }
+    }
+}
+
 /* V of every KV head as bf16 key pairs (see weighted_values_bf16), zero past S. */
 static void pack_value_pairs(const float *v, int64_t kv_h, int64_t kv_s, int64_t S, int64_t Hkv, int64_t D,
                              int64_t s_pad, uint32_t *vp, int threads) {
-#pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
-    for (int64_t hk = 0; hk < Hkv; hk++)
-        for (int64_t jp = 0; jp < s_pad / 2; jp++)
-            for (int64_t d = 0; d < D; d += 16) {
-                int64_t j = 2 * jp;
-                __m512 a = j < S ? _mm512_loadu_ps(v + hk * kv_h + j * kv_s + d) : _mm512_setzero_ps();
-                __m512 b = j + 1 < S ? _mm512_loadu_ps(v + hk * kv_h + (j + 1) * kv_s + d) : _mm512_setzero_ps();
-                __m512i a16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
-                __m512i b16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
-                _mm512_storeu_si512(vp + (hk * (s_pad / 2) + jp) * D + d, _mm512_or_si512(a16, _mm512_slli_epi32(b16, 16)));
-            }
+    ValuePairs a = {v, kv_h, kv_s, S, D, s_pad, vp};
+    team_for(Hkv * (s_pad / 2), threads, pack_pairs, &a);
 }
 #endif
 
 /* Whether P . V of a chunk of T queries runs in bf16 (VALUE_PAIRS above, and T is a prompt's). */
 int edgellm_attention_bf16_values(int64_t T) { return VALUE_PAIRS && T >= BF16_VALUE_QUERIES; }
+
+typedef struct {
+    const Problem *p;
+    float *kt; /* p->kt, writable */
+} Transpose;
+
+/* Kt for jobs [j0, j1) of (KV head, KEY_BLOCK keys): zero past S. */
+static void transpose_keys(void *arg, int64_t j0, int64_t j1) {
+    const Problem *p = ((const Transpose *)arg)->p;
+    int64_t blocks = p->s_pad / KEY_BLOCK, D = p->D;
+    for (int64_t job = j0; job < j1; job++) {
+        int64_t hk = job / blocks, first = job % blocks * KEY_BLOCK;
+        float *block = ((const Transpose *)arg)->kt + hk * D * p->s_pad + first * D;
+        for (int64_t j = first; j < first + KEY_BLOCK; j++)
+            if (j < p->S)
+                for (int64_t d = 0; d < D; d++) block[d * KEY_BLOCK + j - first] = p->k[hk * p->kv_h + j * p->kv_s + d];
+            else
+                for (int64_t d = 0; d < D; d++) block[d * KEY_BLOCK + j - first] = 0.f;
+    }
+}
+
+/* A call's blocks of up to ROWS query rows: (KV head, chunk of its query heads, chunk of positions). */
+typedef struct {
+    const Problem *p;
+    float *per_thread;
+    int64_t group, heads_per_block, head_chunks, t_per_block, t_blocks, items;
+    int bf16_values;
+    atomic_llong next; /* later query blocks see more keys: threads take blocks as they finish, biggest first */
+} Blocks;
+
+static void attend_blocks(void *arg, int thread, int threads) {
+    (void)threads;
+    Blocks *b = arg;
+    const Problem *p = b->p;
+    float *sc = b->per_thread + (int64_t)thread * ROWS * p->s_pad * 3 / 2;
+    uint16_t *pb = (uint16_t *)(sc + ROWS * p->s_pad); /* bf16 probabilities (AVX512-BF16 path) */
+    (void)pb;
+    for (int64_t item; (item = atomic_fetch_add_explicit(&b->next, 1, memory_order_relaxed)) < b->items;) {
+        int64_t tb = b->items - 1 - item;
+        int64_t hk = tb / (b->head_chunks * b->t_blocks), rest = tb % (b->head_chunks * b->t_blocks);
+        int64_t hc = rest / b->t_blocks, t0 = (rest % b->t_blocks) * b->t_per_block;
+        int64_t h[ROWS], t[ROWS];
+        int rows = 0;
+        for (int64_t tt = t0; tt < t0 + b->t_per_block && tt < p->T; tt++)
+            for (int64_t g = hc * b->heads_per_block; g < (hc + 1) * b->heads_per_block && g < b->group; g++) {
+                h[rows] = hk * b->group + g;
+                t[rows++] = tt;
+            }
+        int64_t first = p->mask ? 0 : causal_start(p, t[0]) / 16 * 16, len = p->mask ? p->S : causal_end(p, t[rows - 1]);
+        float inv_sum[ROWS];
+        scores(p, hk, rows, h, t, first, len, sc);
+        softmax_rows(p, rows, t, first, len, sc, inv_sum);
+#if VALUE_PAIRS
+        if (b->bf16_values) {
+            weighted_values_bf16(p, hk, rows, h, t, first, len, sc, inv_sum, pb);
+            continue;
+        }
+#endif
+        weighted_values(p, hk, rows, h, t, first, len, sc, inv_sum);
+    }
+}
 
 /* Floats of `work` the call needs: Kt, then per thread a score block and its bf16 copy, then
    (with AVX512-BF16) the bf16 V pairs. */
@@ -293,52 +370,16 @@ void edgellm_attention(const float *q, int64_t q_t, int64_t q_h, const float *k,
 #if VALUE_PAIRS
     if (bf16_values) pack_value_pairs(v, kv_h, kv_s, S, Hkv, D, s_pad, vp, threads);
 #endif
-#pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
-    for (int64_t hk = 0; hk < Hkv; hk++)
-        for (int64_t j0 = 0; j0 < s_pad; j0 += KEY_BLOCK) {  /* Kt: zero past S */
-            float *block = kt + hk * D * s_pad + j0 * D;
-            for (int64_t j = j0; j < j0 + KEY_BLOCK; j++)
-                if (j < S)
-                    for (int64_t d = 0; d < D; d++) block[d * KEY_BLOCK + j - j0] = k[hk * kv_h + j * kv_s + d];
-                else
-                    for (int64_t d = 0; d < D; d++) block[d * KEY_BLOCK + j - j0] = 0.f;
-        }
+    Transpose keys = {&p, kt};
+    team_for(Hkv * (s_pad / KEY_BLOCK), threads, transpose_keys, &keys);
     int64_t group = H / Hkv;
     int64_t heads_per_block = group < ROWS ? group : ROWS;
     int64_t head_chunks = (group + heads_per_block - 1) / heads_per_block;
     int64_t t_per_block = ROWS / heads_per_block;
     int64_t t_blocks = (T + t_per_block - 1) / t_per_block;
     int64_t items = Hkv * head_chunks * t_blocks;
-    /* later query blocks see more keys: dynamic scheduling evens the threads out */
-#pragma omp parallel num_threads(threads)
-    {
-        float *sc = per_thread + (int64_t)THREAD_ID() * ROWS * s_pad * 3 / 2;
-        uint16_t *pb = (uint16_t *)(sc + ROWS * s_pad);  /* bf16 probabilities (AVX512-BF16 path) */
-        (void)pb;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < items; item++) {
-            int64_t tb = items - 1 - item; /* biggest blocks first */
-            int64_t hk = tb / (head_chunks * t_blocks), rest = tb % (head_chunks * t_blocks);
-            int64_t hc = rest / t_blocks, t0 = (rest % t_blocks) * t_per_block;
-            int64_t h[ROWS], t[ROWS];
-            int rows = 0;
-            for (int64_t tt = t0; tt < t0 + t_per_block && tt < T; tt++)
-                for (int64_t g = hc * heads_per_block; g < (hc + 1) * heads_per_block && g < group; g++) {
-                    h[rows] = hk * group + g;
-                    t[rows++] = tt;
-                }
-            int64_t first = mask ? 0 : causal_start(&p, t[0]) / 16 * 16, len = mask ? S : causal_end(&p, t[rows - 1]);
-            float inv_sum[ROWS];
-            scores(&p, hk, rows, h, t, first, len, sc);
-            softmax_rows(&p, rows, t, first, len, sc, inv_sum);
-#if VALUE_PAIRS
-            if (bf16_values) {
-                weighted_values_bf16(&p, hk, rows, h, t, first, len, sc, inv_sum, pb);
-                continue;
-            }
-#endif
-            weighted_values(&p, hk, rows, h, t, first, len, sc, inv_sum);
-        }
-    }
+    Blocks blocks = {&p, per_thread, group, heads_per_block, head_chunks, t_per_block, t_blocks, items, bf16_values};
+    atomic_init(&blocks.next, 0);
+    team_run(threads, attend_blocks, &blocks);
 }
 

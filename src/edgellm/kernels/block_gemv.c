@@ -226,21 +226,36 @@ ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, cons
     for (int i = 0; i < m; i++) out[i] = vf_sum(acc[i]) - offset[i];
 }
 
-ALWAYS_INLINE void gemv_rows(const float *x, int m, int64_t k, const uint8_t *blocks, int type, int64_t n,
-                      const uint16_t *row_scale, float *y, int64_t ldy, void *work, int threads) {
-    Act act[MAX_M];
-    for (int i = 0; i < m; i++) act[i] = quantize_act(x + i * k, k, 32, (uint8_t *)work + i * act_bytes(k, 32));
-    int64_t rb = row_bytes(type, k), ahead = (PREFETCH_BYTES + rb - 1) / rb;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; r++) {
+typedef struct {
+    const Act *act;
+    int m;
+    int64_t k;
+    const uint8_t *blocks;
+    const uint16_t *row_scale;
+    float *y;
+    int64_t ldy;
+} BlockGemv;
+
+ALWAYS_INLINE void gemv_rows(const BlockGemv *a, int type, int64_t r0, int64_t r1) {
+    int64_t rb = row_bytes(type, a->k), ahead = (PREFETCH_BYTES + rb - 1) / rb;
+    for (int64_t r = r0; r < r1; r++) {
         float out[MAX_M];
-        for (int64_t p = 0; p < rb; p += 64) __builtin_prefetch(blocks + (r + ahead) * rb + p);
-        if (m == 1) row_dots(blocks + r * rb, type, k, 1, act, out);  /* a constant m: registers only */
-        else row_dots(blocks + r * rb, type, k, m, act, out);
-        float scale = row_scale ? bf16_to_f32(row_scale[r]) : 1.f;
-        for (int i = 0; i < m; i++) y[i * ldy + r] = out[i] * scale;
+        for (int64_t p = 0; p < rb; p += 64) __builtin_prefetch(a->blocks + (r + ahead) * rb + p);
+        if (a->m == 1) row_dots(a->blocks + r * rb, type, a->k, 1, a->act, out);  /* a constant m: registers only */
+        else row_dots(a->blocks + r * rb, type, a->k, a->m, a->act, out);
+        float scale = a->row_scale ? bf16_to_f32(a->row_scale[r]) : 1.f;
+        for (int i = 0; i < a->m; i++) a->y[i * a->ldy + r] = out[i] * scale;
     }
 }
+
+/* one function per block type, so each loop is compiled for its format */
+#define GEMV_ROWS(T) \
+    static void gemv_rows_##T(void *p, int64_t r0, int64_t r1) { gemv_rows(p, BLOCK_##T, r0, r1); }
+GEMV_ROWS(I8)
+GEMV_ROWS(Q8_0)
+GEMV_ROWS(Q5_0)
+GEMV_ROWS(Q5_K)
+GEMV_ROWS(Q6_K)
 
 int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * act_bytes(k, 32); }
 
@@ -249,15 +264,19 @@ int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * act_bytes(k, 32);
    edgellm_block_gemv_work(m, k) bytes. */
 void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks, int type, int64_t n,
                         const uint16_t *row_scale, float *y, int64_t ldy, void *work, int threads) {
-    /* constant types, so each loop is compiled for its format */
-    switch (type) {
-    case BLOCK_Q8R16: edgellm_q8r16_gemv(x, m, k, blocks, n, y, ldy, work, threads); break;
-    case BLOCK_I8: gemv_rows(x, m, k, blocks, BLOCK_I8, n, row_scale, y, ldy, work, threads); break;
-    case BLOCK_Q8_0: gemv_rows(x, m, k, blocks, BLOCK_Q8_0, n, NULL, y, ldy, work, threads); break;
-    case BLOCK_Q5_0: gemv_rows(x, m, k, blocks, BLOCK_Q5_0, n, NULL, y, ldy, work, threads); break;
-    case BLOCK_Q5_K: gemv_rows(x, m, k, blocks, BLOCK_Q5_K, n, NULL, y, ldy, work, threads); break;
-    default: gemv_rows(x, m, k, blocks, BLOCK_Q6_K, n, NULL, y, ldy, work, threads);
+    if (type == BLOCK_Q8R16) {
+        edgellm_q8r16_gemv(x, m, k, blocks, n, y, ldy, work, threads);
+        return;
     }
+    Act act[MAX_M];
+    for (int i = 0; i < m; i++) act[i] = quantize_act(x + i * k, k, 32, (uint8_t *)work + i * act_bytes(k, 32));
+    BlockGemv a = {act, m, k, blocks, type == BLOCK_I8 ? row_scale : NULL, y, ldy};
+    PoolRange rows = type == BLOCK_I8    ? gemv_rows_I8
+                     : type == BLOCK_Q8_0 ? gemv_rows_Q8_0
+                     : type == BLOCK_Q5_0 ? gemv_rows_Q5_0
+                     : type == BLOCK_Q5_K ? gemv_rows_Q5_K
+                                          : gemv_rows_Q6_K;
+    pool_for(n, threads, rows, &a);
 }
 
 /* dst: nblocks Q8_0 blocks holding exactly the weights of src's Q5_0 blocks (q - 16 fits int8):
@@ -294,6 +313,23 @@ ALWAYS_INLINE void row_to_float(const uint8_t *row, int type, int64_t k, float r
     }
 }
 
+typedef struct {
+    const uint8_t *blocks;
+    int type;
+    int64_t k;
+    const uint16_t *row_scale;
+    void *out;
+    int dtype;
+} ToFloat;
+
+static void rows_to_float(void *p, int64_t r0, int64_t r1) {
+    const ToFloat *a = p;
+    int64_t rb = row_bytes(a->type, a->k);
+    for (int64_t r = r0; r < r1; r++)
+        row_to_float(a->blocks + r * rb, a->type, a->k, a->row_scale ? bf16_to_f32(a->row_scale[r]) : 1.f, a->out,
+                     r * a->k, a->dtype);
+}
+
 /* out (n, k) = the dequantized weight as bf16 (dtype 1) or fp32 (dtype 0), for a prompt's GEMM. */
 void edgellm_blocks_to_float(const uint8_t *blocks, int type, int64_t n, int64_t k, const uint16_t *row_scale,
                              void *out, int dtype, int threads) {
@@ -301,8 +337,6 @@ void edgellm_blocks_to_float(const uint8_t *blocks, int type, int64_t n, int64_t
         edgellm_q8r16_to_float(blocks, n, k, out, dtype, threads);
         return;
     }
-    int64_t rb = row_bytes(type, k);
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; r++)
-        row_to_float(blocks + r * rb, type, k, row_scale ? bf16_to_f32(row_scale[r]) : 1.f, out, r * k, dtype);
+    ToFloat a = {blocks, type, k, row_scale, out, dtype};
+    team_for(n, threads, rows_to_float, &a);
 }

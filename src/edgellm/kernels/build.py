@@ -1,5 +1,5 @@
 """Building and loading the native library: the C sources in this folder, compiled for one ISA
-variant (isa.py) with the system compiler (`cc -O3 -fopenmp`, a few seconds) into edgellm's cache
+variant (isa.py) with the system compiler (`cc -O3 -fopenmp -pthread`, a few seconds) into edgellm's cache
 directory, keyed by the sources, the variant's flags and the CPU.
 
 Where no compiler works, `library()` is None and the models run their PyTorch layers (one line on
@@ -60,6 +60,7 @@ _SIGNATURES = {
     "edgellm_int8_pack_i4r64": (None, [_p, _p, _i64, _i64, _i64, _i64, _p, _i]),
     "edgellm_int8_pack_q8r16": (None, [_p, _i64, _i64, _p, _i]),
     "edgellm_int8_quantize": (_i64, [_p, _i64, _i64, _i, _p, _p, _p, _p, _i]),
+    "edgellm_argmax": (_i64, [_p, _i64]),
     "edgellm_int8_gemm": (None, [_p, _i64, _i64, _p, _i64, _i, _p, _i64, _p, _i64, _p, _p, _i, _i]),
 }
 
@@ -82,8 +83,7 @@ def _compile(cc: str, units: list[str], flags: list[str], out: Path) -> subproce
 
 
 def build(sources: dict[str, bytes], flags: list[str], target: Path) -> None:
-    """Compile `sources` with `flags` into the shared library `target` (atomically). OpenMP when the
-    compiler has it; single-threaded kernels otherwise."""
+    """Compile `sources` with `flags` into the shared library `target` (atomically)."""
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler (cc, gcc or clang) on PATH")
@@ -93,9 +93,9 @@ def build(sources: dict[str, bytes], flags: list[str], target: Path) -> None:
             (Path(tmp) / name).write_bytes(text)
         units = [str(Path(tmp) / n) for n in sources if n.endswith(".c")]
         out = Path(tmp) / target.name
-        done = _compile(cc, units, [*flags, "-fopenmp"], out)
-        if done.returncode != 0:
-            done = _compile(cc, units, flags, out)
+        done = _compile(cc, units, [*flags, "-fopenmp", "-pthread"], out)
+        if done.returncode != 0:  # a compiler without OpenMP: the prompt kernels share edgellm's pool (pool.h)
+            done = _compile(cc, units, [*flags, "-pthread"], out)
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
             raise BuildError(f"{cc} failed: {first}")

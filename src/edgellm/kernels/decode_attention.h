@@ -192,6 +192,48 @@ typedef struct {
     int64_t chunks, first, per, scores;  /* first: its first item; scores: where that item's scores start */
 } RowItems;
 
+typedef struct {
+    const KVSlots *caches;
+    const float *q;
+    int64_t q_stride;
+    int m, group;
+    int64_t d;
+    float scale, softcap;
+    const int64_t *slots, *pos;
+    const RowItems *rows;
+    float *partial, *score_base;
+    int64_t size;
+} AttendItems;
+
+/* Items [it0, it1) of attend_rows: each one (row, KV head, key chunk)'s partial o, m and l. */
+static void attend_items(void *p, int64_t it0, int64_t it1) {
+    const AttendItems *a = p;
+    int group = a->group;
+    int64_t d = a->d;
+    for (int64_t it = it0; it < it1; it++) {
+        int i = 0;
+        while (i + 1 < a->m && a->rows[i + 1].first <= it) i++;
+        const RowItems *r = &a->rows[i];
+        const KVSlots *c = &a->caches[i];
+        int64_t local = it - r->first, g = local / r->chunks, t0 = (local % r->chunks) * r->per;
+        int64_t t1 = t0 + r->per < a->slots[i] ? t0 + r->per : a->slots[i];
+        float *sc = a->score_base + r->scores + local * group * r->per, *o = a->partial + it * a->size;
+        float *mx = o + group * d, *l = mx + group;
+        const float *qg = a->q + i * a->q_stride + g * group * d;
+        if (t0 >= t1) {
+            for (int h = 0; h < group; h++) mx[h] = 0.f, l[h] = 0.f;
+            continue;
+        }
+#define SCORES(codec) chunk_scores(c, codec, g, qg, group, d, a->scale, a->softcap, t0, t1, a->pos[i], sc)
+        BY_CODEC(c->pages[0].k.codec, SCORES)
+        for (int h = 0; h < group; h++) mx[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
+#define VALUES(codec) chunk_values(c, codec, g, sc, group, d, t0, t1, o)
+        BY_CODEC(c->pages[0].v.codec, VALUES)
+#undef SCORES
+#undef VALUES
+    }
+}
+
 /* out[i] (n_heads x d, rows out_stride apart) = attention of row i's query (one per head; rows
    q_stride apart) over the first slots[i] slots of its cache caches[i], for m rows of distinct
    caches: every row's (KV head, key chunk) items in one parallel loop — one region a layer, not
@@ -216,27 +258,8 @@ static inline void attend_rows(const KVSlots *caches, const float *q, int64_t q_
     }
     float *partial = scratch;                    /* per item: o (group x d), then m (group), l (group) */
     float *score_base = partial + items * size;  /* per item: group x per */
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t it = 0; it < items; it++) {
-            int i = 0;
-            while (i + 1 < m && rows[i + 1].first <= it) i++;
-            const RowItems *r = &rows[i];
-            const KVSlots *c = &caches[i];
-            int64_t local = it - r->first, g = local / r->chunks, t0 = (local % r->chunks) * r->per;
-            int64_t t1 = t0 + r->per < slots[i] ? t0 + r->per : slots[i];
-            float *sc = score_base + r->scores + local * group * r->per, *o = partial + it * size;
-            float *mx = o + group * d, *l = mx + group;
-            const float *qg = q + i * q_stride + g * group * d;
-            if (t0 >= t1) {
-                for (int h = 0; h < group; h++) mx[h] = 0.f, l[h] = 0.f;
-                continue;
-            }
-#define SCORES(codec) chunk_scores(c, codec, g, qg, group, d, scale, softcap, t0, t1, pos[i], sc)
-            BY_CODEC(c->pages[0].k.codec, SCORES)
-            for (int h = 0; h < group; h++) mx[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
-#define VALUES(codec) chunk_values(c, codec, g, sc, group, d, t0, t1, o)
-            BY_CODEC(c->pages[0].v.codec, VALUES)
-        }
+    AttendItems a = {caches, q, q_stride, m, group, d, scale, softcap, slots, pos, rows, partial, score_base, size};
+    pool_for(items, threads, attend_items, &a);
     for (int i = 0; i < m; i++)
         for (int64_t h = 0; h < n_heads; h++)  /* merge each head's chunks */
             merge_chunks(partial + rows[i].first * size, rows[i].chunks, size, group, d, h, out + i * out_stride + h * d);

@@ -27,11 +27,26 @@ static void unpack_block(const uint8_t *packed, const uint16_t *scale_zero, int6
     }
 }
 
+typedef struct {
+    const uint8_t *packed;
+    const uint16_t *scale_zero;
+    int64_t n, kw, group;
+    int planes;
+    int64_t row0, rows;
+    void *wt;
+    int dtype;
+} Unpack;
+
+static void unpack_blocks(void *p, int64_t b0, int64_t b1) {
+    const Unpack *a = p;
+    for (int64_t nb = a->row0 / I4_ROWS + b0; nb < a->row0 / I4_ROWS + b1; nb++)
+        unpack_block(a->packed, a->scale_zero, a->n, a->kw, a->group, a->planes, nb, a->row0, a->rows, a->wt, a->dtype);
+}
+
 /* wt (ka, rows) = rows row0 .. row0 + rows of the dequantized (n, kw = planes * ka) weight,
    transposed, as bf16 (dtype 1) or fp32 (dtype 0). n, row0 and rows are multiples of 64. */
 void edgellm_int4_unpack(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t kw, int64_t group,
                          int planes, int64_t row0, int64_t rows, void *wt, int dtype, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t nb = row0 / I4_ROWS; nb < (row0 + rows) / I4_ROWS; nb++)
-        unpack_block(packed, scale_zero, n, kw, group, planes, nb, row0, rows, wt, dtype);
+    Unpack a = {packed, scale_zero, n, kw, group, planes, row0, rows, wt, dtype};
+    team_for(rows / I4_ROWS, threads, unpack_blocks, &a);
 }

@@ -161,24 +161,65 @@ int edgellm_int16_gemm_native(void) {
 int64_t edgellm_int16_gemm_panel_bytes(int64_t n, int64_t k) { return n * k * 2 + n * (k / IG_GROUP) * 4; }
 int64_t edgellm_int16_gemm_work_bytes(int64_t t, int64_t k) { return t * (act_bytes(k, IG_GROUP) + (int64_t)sizeof(Act)); }
 
+#ifdef IG_NATIVE
+typedef struct {
+    const float *w;
+    int64_t row_stride, col_stride, k, groups;
+    int32_t *q;
+    float *scales;
+} Int16Pack;
+
+/* Jobs [j0, j1) of (strip, group). */
+static void pack_groups(void *p, int64_t j0, int64_t j1) {
+    const Int16Pack *a = p;
+    for (int64_t job = j0; job < j1; job++) {
+        int64_t s = job / a->groups, g = job % a->groups;
+        int32_t *dst = a->q + (s * (a->k / 2) + g * (IG_GROUP / 2)) * IG_STRIP;
+        float *sw = a->scales + job * IG_STRIP;
+        if (a->col_stride == 1)
+            pack_group_rows(a->w, a->row_stride, s, g, dst, sw);
+        else
+            pack_group_cols(a->w, a->col_stride, s, g, dst, sw);
+    }
+}
+
+typedef struct {
+    const float *x;
+    int64_t t, k, groups, tiles;
+    const int32_t *q;
+    const float *scales;
+    Act *act;
+    uint8_t *rows;
+    float *out;
+    int64_t ldo;
+} Int16Gemm;
+
+/* Tokens [i0, i1): their quantized rows. */
+static void quantize_tokens(void *p, int64_t i0, int64_t i1) {
+    const Int16Gemm *a = p;
+    for (int64_t i = i0; i < i1; i++)
+        a->act[i] = quantize_act(a->x + i * a->k, a->k, IG_GROUP, a->rows + i * act_bytes(a->k, IG_GROUP));
+}
+
+/* Jobs [j0, j1) of (strip, tile of tokens). */
+static void gemm_tiles(void *p, int64_t j0, int64_t j1) {
+    const Int16Gemm *a = p;
+    for (int64_t job = j0; job < j1; job++) {
+        int64_t s = job / a->tiles, t0 = job % a->tiles * IG_TILE;
+        tile_any(a->q + s * (a->k / 2) * IG_STRIP, a->scales + s * a->groups * IG_STRIP, a->act + t0, a->k,
+                 a->out + t0 * a->ldo + s * IG_STRIP, a->ldo, (int)(a->t - t0 < IG_TILE ? a->t - t0 : IG_TILE));
+    }
+}
+#endif
+
 /* Pack n rows of a float weight: element (row i, column j) at w[i * row_stride + j * col_stride],
    one of the strides 1 (by rows, or transposed). n % 16 == 0, k % 64 == 0. */
 void edgellm_int16_gemm_pack(const float *w, int64_t row_stride, int64_t col_stride, int64_t n, int64_t k, void *panel,
                              int threads) {
 #ifdef IG_NATIVE
     int32_t *q = (int32_t *)panel;
-    float *scales = (float *)(q + n * k / 2);
-    int64_t groups = k / IG_GROUP;
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (int64_t s = 0; s < n / IG_STRIP; s++)
-        for (int64_t g = 0; g < groups; g++) {
-            int32_t *dst = q + (s * (k / 2) + g * (IG_GROUP / 2)) * IG_STRIP;
-            float *sw = scales + (s * groups + g) * IG_STRIP;
-            if (col_stride == 1)
-                pack_group_rows(w, row_stride, s, g, dst, sw);
-            else
-                pack_group_cols(w, col_stride, s, g, dst, sw);
-        }
+    Int16Pack a = {w, row_stride, col_stride, k, k / IG_GROUP, q, (float *)(q + n * k / 2)};
+    team_for(n / IG_STRIP * a.groups, threads, pack_groups, &a);
 #else
     (void)w, (void)row_stride, (void)col_stride, (void)n, (void)k, (void)panel, (void)threads;
 #endif
@@ -189,22 +230,11 @@ void edgellm_int16_gemm(const float *x, int64_t t, int64_t k, const void *panel,
                         void *work, int threads) {
 #ifdef IG_NATIVE
     const int32_t *q = (const int32_t *)panel;
-    const float *scales = (const float *)(q + n * k / 2);
     Act *act = (Act *)work;  /* then each token's quantized row */
-    uint8_t *rows = (uint8_t *)(act + t);
-    int64_t groups = k / IG_GROUP, tiles = (t + IG_TILE - 1) / IG_TILE;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < t; i++) act[i] = quantize_act(x + i * k, k, IG_GROUP, rows + i * act_bytes(k, IG_GROUP));
-#pragma omp for schedule(static) collapse(2)
-        for (int64_t s = 0; s < n / IG_STRIP; s++)
-            for (int64_t tile_i = 0; tile_i < tiles; tile_i++) {
-                int64_t t0 = tile_i * IG_TILE;
-                tile_any(q + s * (k / 2) * IG_STRIP, scales + s * groups * IG_STRIP, act + t0, k,
-                         out + t0 * ldo + s * IG_STRIP, ldo, (int)(t - t0 < IG_TILE ? t - t0 : IG_TILE));
-            }
-    }
+    Int16Gemm a = {x, t, k, k / IG_GROUP, (t + IG_TILE - 1) / IG_TILE, q, (const float *)(q + n * k / 2), act,
+                   (uint8_t *)(act + t), out, ldo};
+    team_for(t, threads, quantize_tokens, &a);
+    team_for(n / IG_STRIP * a.tiles, threads, gemm_tiles, &a);
 #else
     (void)x, (void)t, (void)k, (void)panel, (void)n, (void)out, (void)ldo, (void)work, (void)threads;
 #endif

@@ -100,6 +100,32 @@ static void block_rows(const uint8_t *packed, const uint16_t *scale_zero, int64_
 /* Scratch bytes edgellm_int4_gemv needs for m activation rows of ka. */
 int64_t edgellm_int4_gemv_work(int m, int64_t ka, int64_t group) { return m * act_bytes(ka, group); }
 
+typedef struct {
+    const Act *act;
+    int m;
+    int64_t ka;
+    const uint8_t *packed;
+    const uint16_t *scale_zero;
+    int64_t n, kw, group;
+    float *y;
+    int64_t ldy;
+} Int4Gemv;
+
+/* Each thread a contiguous share of half-blocks where AVX-512 can split them (a 576-row projection's
+   9 blocks went 5 : 4 over 2 threads), whole blocks inside a share: their nibbles unpack once. */
+static void int4_share(void *p, int t, int threads) {
+    const Int4Gemv *a = p;
+    int64_t parts = a->n / I4_ROWS * I4_SPLIT;
+    for (int64_t q = parts * t / threads, end = parts * (t + 1) / threads; q < end;) {
+        int whole = q % I4_SPLIT == 0 && q + I4_SPLIT <= end;
+        int c0 = whole ? 0 : 2 * (int)(q % 2), c1 = whole ? 4 : c0 + 2;
+        for (int i0 = 0; i0 < a->m; i0 += I4_TILE)
+            block_rows(a->packed, a->scale_zero, a->n, a->kw, a->group, a->ka, q / I4_SPLIT,
+                       a->m - i0 < I4_TILE ? a->m - i0 : I4_TILE, a->act + i0, a->y + i0 * a->ldy, a->ldy, c0, c1);
+        q += whole ? I4_SPLIT : 1;
+    }
+}
+
 /* y[i][0..n) (row i at y + i * ldy) = x[m][ka] @ W^T, W (n, kw) in the I4R64 layout; kw = planes * ka.
    m <= 8, n % 64 == 0, group % 4 == 0, ka % group == 0. */
 void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed, const uint16_t *scale_zero,
@@ -109,17 +135,6 @@ void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed,
 #if !EDGELLM_AVX512  /* where block64 adds to y; AVX-512's stores it */
     for (int i = 0; i < m; i++) memset(y + i * ldy, 0, (size_t)n * sizeof(float));
 #endif
-    /* Each thread a contiguous share of half-blocks where AVX-512 can split them (a 576-row projection's
-       9 blocks went 5 : 4 over 2 threads), whole blocks inside a share: their nibbles unpack once. */
-    int64_t parts = n / I4_ROWS * I4_SPLIT;
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; t++)
-        for (int64_t p = parts * t / threads, end = parts * (t + 1) / threads; p < end;) {
-            int whole = p % I4_SPLIT == 0 && p + I4_SPLIT <= end;
-            int c0 = whole ? 0 : 2 * (int)(p % 2), c1 = whole ? 4 : c0 + 2;
-            for (int i0 = 0; i0 < m; i0 += I4_TILE)
-                block_rows(packed, scale_zero, n, kw, group, ka, p / I4_SPLIT, m - i0 < I4_TILE ? m - i0 : I4_TILE,
-                           act + i0, y + i0 * ldy, ldy, c0, c1);
-            p += whole ? I4_SPLIT : 1;
-        }
+    Int4Gemv a = {act, m, ka, packed, scale_zero, n, kw, group, y, ldy};
+    pool_run(threads, int4_share, &a);
 }

@@ -273,19 +273,31 @@ int64_t edgellm_int8_act_bytes(int64_t t, int64_t k) { return t * row_bytes(k); 
 #ifdef I8_NATIVE
 /* Strips of 16 rows, a group at a time, from I4R64 codes (rows row0 .. row0 + rows of its n, scale_zero beside)
    or from Q8R16 blocks holding Q5_0 values (scale_zero NULL, row0 0). */
+typedef struct {
+    const uint8_t *src;
+    const uint16_t *scale_zero;
+    int64_t n, k, row0, groups;
+    uint8_t *panel;
+} PackPanel;
+
+/* Jobs [j0, j1) of (strip, group). */
+static void pack_groups(void *p, int64_t j0, int64_t j1) {
+    const PackPanel *a = p;
+    for (int64_t job = j0; job < j1; job++) {
+        int64_t s = job / a->groups, g = job % a->groups;
+        uint8_t *codes = a->panel + job * GROUP_STRIDE;
+        float *sz = (float *)(codes + GROUP_BYTES);
+        if (a->scale_zero != NULL)
+            pack_i4r64_group(a->src, a->scale_zero, a->n, a->k, a->row0 + s * I8_STRIP, g, codes, sz);
+        else
+            pack_q8r16_group(a->src, a->k, s, g, codes, sz);
+    }
+}
+
 static void pack_panel(const uint8_t *src, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t row0,
                        int64_t rows, uint8_t *panel, int threads) {
-    int64_t groups = k / I8_GROUP;
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
-    for (int64_t s = 0; s < rows / I8_STRIP; s++)
-        for (int64_t g = 0; g < groups; g++) {
-            uint8_t *codes = panel + (s * groups + g) * GROUP_STRIDE;
-            float *sz = (float *)(codes + GROUP_BYTES);
-            if (scale_zero != NULL)
-                pack_i4r64_group(src, scale_zero, n, k, row0 + s * I8_STRIP, g, codes, sz);
-            else
-                pack_q8r16_group(src, k, s, g, codes, sz);
-        }
+    PackPanel a = {src, scale_zero, n, k, row0, k / I8_GROUP, panel};
+    team_for(rows / I8_STRIP * a.groups, threads, pack_groups, &a);
 }
 #endif
 
@@ -356,6 +368,38 @@ static void largest(const float *x, int64_t k, int r, int32_t *channels) {
 }
 #endif
 
+#ifdef I8_NATIVE
+typedef struct {
+    const float *x;
+    int64_t t, k;
+    int r;
+    uint8_t *rows;
+    int64_t rb;
+    int32_t *at;
+    float *values;
+} Quantize;
+
+/* A thread's share of the tokens, through a copy of each row its outliers are zeroed in. */
+static void quantize_rows(void *p, int thread, int threads) {
+    const Quantize *a = p;
+    int64_t i0, i1, k = a->k;
+    int r = a->r;
+    pool_share(a->t, thread, threads, &i0, &i1);
+    if (i0 >= i1) return;
+    float *row = (float *)aligned_alloc(32, (size_t)(k * 4 + 31) / 32 * 32);
+    for (int64_t i = i0; i < i1; i++) {
+        memcpy(row, a->x + i * k, (size_t)k * 4);
+        if (r > 0) largest(row, k, r, a->at + i * r);
+        for (int j = 0; j < r; j++) {
+            a->values[i * r + j] = row[a->at[i * r + j]];
+            row[a->at[i * r + j]] = 0.f;
+        }
+        quantize_row(row, k, (int8_t *)(a->rows + i * a->rb), (float *)(a->rows + i * a->rb + k));
+    }
+    free(row);
+}
+#endif
+
 /* Quantize x (t, k) fp32 into act. Each token's r (<= I8_MAX_OUTLIERS) largest channels are left out of
    it, their values in values (t, r); union (k) gets the u channels some token left out, ascending, and
    at (t, r) each token's outliers as indices into it. Returns u. */
@@ -364,21 +408,8 @@ int64_t edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void 
 #ifdef I8_NATIVE
     uint8_t *rows = (uint8_t *)act;
     int64_t rb = row_bytes(k);
-#pragma omp parallel num_threads(threads)
-    {
-        float *row = (float *)aligned_alloc(32, (size_t)(k * 4 + 31) / 32 * 32);
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < t; i++) {
-            memcpy(row, x + i * k, (size_t)k * 4);
-            if (r > 0) largest(row, k, r, at + i * r);
-            for (int j = 0; j < r; j++) {
-                values[i * r + j] = row[at[i * r + j]];
-                row[at[i * r + j]] = 0.f;
-            }
-            quantize_row(row, k, (int8_t *)(rows + i * rb), (float *)(rows + i * rb + k));
-        }
-        free(row);
-    }
+    Quantize a = {x, t, k, r, rows, rb, at, values};
+    team_run(threads, quantize_rows, &a);
     for (int64_t c = 0; c < k; c++) channels[c] = -1;  /* then: position in the union, or -1 */
     for (int64_t i = 0; i < t * r; i++) channels[at[i]] = 0;
     int64_t u = 0;
@@ -394,6 +425,42 @@ int64_t edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void 
 #endif
 }
 
+#ifdef I8_NATIVE
+typedef struct {
+    const uint8_t *rows;
+    int64_t t, k;
+    const void *panel;
+    int64_t n;
+    int bits;
+    float *out;
+    int64_t ldo;
+    const int32_t *channels;
+    int64_t u;
+    const int32_t *at;
+    const float *values;
+    int r;
+} Gemm;
+
+/* A thread's share of the strips, each for every token, with its own buffer of outlier columns. */
+static void gemm_strips(void *p, int thread, int threads) {
+    const Gemm *a = p;
+    int64_t s0, s1, rb = row_bytes(a->k), strip_bytes = (a->k / I8_GROUP) * GROUP_STRIDE;
+    pool_share(a->n / I8_STRIP, thread, threads, &s0, &s1);
+    if (s0 >= s1) return;
+    float *cols = (float *)aligned_alloc(32, (size_t)(a->u > 0 ? a->u : 1) * I8_STRIP * 4);
+    for (int64_t s = s0; s < s1; s++) {
+        const uint8_t *strip = (const uint8_t *)a->panel + s * strip_bytes;
+        strip_columns(strip, a->channels, a->u, cols);
+        for (int64_t t0 = 0; t0 < a->t; t0 += I8_TILE) {
+            Outliers o = {cols, a->at + t0 * a->r, a->values + t0 * a->r, a->r};
+            tile_any(strip, a->rows + t0 * rb, rb, a->k, &o, a->out + t0 * a->ldo + s * I8_STRIP, a->ldo,
+                     (int)(a->t - t0 < I8_TILE ? a->t - t0 : I8_TILE), a->bits);
+        }
+    }
+    free(cols);
+}
+#endif
+
 /* out (t, n), row stride ldo, = the quantized activations times the packed (n, k) weight, transposed, plus
    each token's r outliers (values (t, r)) times their weight columns: channels[at[i][j]] of the u
    `channels`. bits: the codes' width (4: I4R64, 5: Q5_0). A strip at a time per thread, all tokens. */
@@ -402,22 +469,8 @@ void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel,
                        int threads) {
 #ifdef I8_NATIVE
     const uint8_t *rows = (const uint8_t *)act;
-    int64_t rb = row_bytes(k), strip_bytes = (k / I8_GROUP) * GROUP_STRIDE;
-#pragma omp parallel num_threads(threads)
-    {
-        float *cols = (float *)aligned_alloc(32, (size_t)(u > 0 ? u : 1) * I8_STRIP * 4);
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < n / I8_STRIP; s++) {
-            const uint8_t *strip = (const uint8_t *)panel + s * strip_bytes;
-            strip_columns(strip, channels, u, cols);
-            for (int64_t t0 = 0; t0 < t; t0 += I8_TILE) {
-                Outliers o = {cols, at + t0 * r, values + t0 * r, r};
-                tile_any(strip, rows + t0 * rb, rb, k, &o, out + t0 * ldo + s * I8_STRIP, ldo,
-                         (int)(t - t0 < I8_TILE ? t - t0 : I8_TILE), bits);
-            }
-        }
-        free(cols);
-    }
+    Gemm a = {rows, t, k, panel, n, bits, out, ldo, channels, u, at, values, r};
+    team_run(threads, gemm_strips, &a);
 #else
     (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)channels, (void)u,
         (void)at, (void)values, (void)r, (void)threads;

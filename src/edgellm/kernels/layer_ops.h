@@ -12,16 +12,30 @@ void edgellm_int4_gemv(const float *x, int m, int64_t ka, const uint8_t *packed,
 void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks, int type, int64_t n,
                         const uint16_t *row_scale, float *y, int64_t ldy, void *work, int threads);
 
+typedef struct {
+    const void *w;
+    int dtype, m;
+    const float *x;
+    int64_t k, ldy;
+    float *y;
+} DenseGemv;
+
+static void dense_rows(void *p, int64_t r0, int64_t r1) {
+    const DenseGemv *a = p;
+    for (int64_t r = r0; r < r1; r++)
+        for (int i = 0; i < a->m; i++) {
+            vf acc = vf_zero();
+            for (int64_t j = 0; j < a->k; j += VL)
+                acc = vf_fma(vf_load_as(a->w, r * a->k + j, a->dtype), vf_load(a->x + i * a->k + j), acc);
+            a->y[i * a->ldy + r] = vf_sum(acc);
+        }
+}
+
 /* y[i][r] = W x[i] for dense W (n, k) of `dtype`, m rows; rows of W split across threads. */
 static inline void dense_gemv(const void *w, int dtype, const float *x, int m, int64_t n, int64_t k, float *y,
                               int64_t ldy, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; r++)
-        for (int i = 0; i < m; i++) {
-            vf acc = vf_zero();
-            for (int64_t j = 0; j < k; j += VL) acc = vf_fma(vf_load_as(w, r * k + j, dtype), vf_load(x + i * k + j), acc);
-            y[i * ldy + r] = vf_sum(acc);
-        }
+    DenseGemv a = {w, dtype, m, x, k, ldy, y};
+    pool_for(n, threads, dense_rows, &a);
 }
 
 /* One layer's scratch for m sequences, carved out of one buffer of edgellm_layer_floats(D, m) floats. */

@@ -4,7 +4,7 @@
    low-rank products (S-LoRA / Punica): never one call per adapter. A and B^T are int8 rows with a
    scale each (layer_types.h); B's row scales fold into t, so the B stage is plain FMAs.
 
-   Two stages per projection, in one parallel region: t = scale * A x for every (row, part, rank)
+   Two stages per projection, each a parallel loop: t = scale * A x for every (row, part, rank)
    (dot products over `in`, four rank rows a job), then y[:, part] += B t, split over tiles of
    LORA_COLUMNS output columns of every row's parts (runs of vector FMAs along the output). Both
    read their bytes as one contiguous run per job (the layouts below): an adapter comes from
@@ -76,6 +76,41 @@ static inline void lora_up(const LoraPair *p, const float *t, int64_t c0, int64_
     }
 }
 
+typedef struct {
+    const LoraLayer *const *lora;
+    int first, count, groups;
+    const int64_t *widths, *offsets, *blocks;
+    int64_t row_blocks, in, ldy;
+    const float *x;
+    float *y, *t;
+} LoraAdd;
+
+/* t for jobs [j0, j1) of (row, part, LORA_RANKS rows of A) */
+static void lora_down_jobs(void *p, int64_t j0, int64_t j1) {
+    const LoraAdd *a = p;
+    for (int64_t job = j0; job < j1; job++) {
+        int i = (int)(job / (a->count * a->groups)), part = (int)(job / a->groups % a->count);
+        const LoraPair *pair = lora_pair(a->lora, i, a->first + part);
+        int64_t r0 = job % a->groups * LORA_RANKS;
+        if (pair && r0 < pair->rank)
+            lora_down(pair, a->x + i * a->in, a->in, r0, a->t + ((int64_t)i * a->count + part) * MAX_LORA_RANK);
+    }
+}
+
+/* y += B t for jobs [j0, j1) of (row, LORA_COLUMNS columns of a part) */
+static void lora_up_jobs(void *p, int64_t j0, int64_t j1) {
+    const LoraAdd *a = p;
+    for (int64_t job = j0; job < j1; job++) {
+        int i = (int)(job / a->row_blocks), part = 0;
+        int64_t b = job % a->row_blocks;
+        while (b >= a->blocks[part]) b -= a->blocks[part++];
+        const LoraPair *pair = lora_pair(a->lora, i, a->first + part);
+        if (!pair) continue;
+        int64_t c0 = b * LORA_COLUMNS, c1 = c0 + LORA_COLUMNS < a->widths[part] ? c0 + LORA_COLUMNS : a->widths[part];
+        lora_up(pair, a->t + ((int64_t)i * a->count + part) * MAX_LORA_RANK, c0, c1, a->y + i * a->ldy + a->offsets[part]);
+    }
+}
+
 /* For the `count` consecutive parts from `first` (q|k|v, o, gate|up, down) of widths[], side by
    side in each row of y (row stride ldy): y[i] += scale B (A x[i]) under row i's adapter.
    x (m, in); t holds m * 3 * MAX_LORA_RANK floats. lora == NULL: nothing to add. */
@@ -95,24 +130,7 @@ static inline void lora_add(const LoraLayer *const *lora, int first, int count, 
         blocks[p] = (widths[p] + LORA_COLUMNS - 1) / LORA_COLUMNS;
         row_blocks += blocks[p];
     }
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-        for (int job = 0; job < m * count * groups; job++) {  /* (row, part, LORA_RANKS rows of A) */
-            int i = job / (count * groups), part = job / groups % count;
-            const LoraPair *p = lora_pair(lora, i, first + part);
-            int64_t r0 = (int64_t)(job % groups) * LORA_RANKS;
-            if (p && r0 < p->rank) lora_down(p, x + i * in, in, r0, t + ((int64_t)i * count + part) * MAX_LORA_RANK);
-        }
-#pragma omp for schedule(static)
-        for (int64_t job = 0; job < m * row_blocks; job++) {
-            int i = (int)(job / row_blocks), p = 0;
-            int64_t b = job % row_blocks;
-            while (b >= blocks[p]) b -= blocks[p++];
-            const LoraPair *pair = lora_pair(lora, i, first + p);
-            if (!pair) continue;
-            int64_t c0 = b * LORA_COLUMNS, c1 = c0 + LORA_COLUMNS < widths[p] ? c0 + LORA_COLUMNS : widths[p];
-            lora_up(pair, t + ((int64_t)i * count + p) * MAX_LORA_RANK, c0, c1, y + i * ldy + offsets[p]);
-        }
-    }
+    LoraAdd a = {lora, first, count, groups, widths, offsets, blocks, row_blocks, in, ldy, x, y, t};
+    pool_for((int64_t)m * count * groups, threads, lora_down_jobs, &a);
+    pool_for(m * row_blocks, threads, lora_up_jobs, &a);
 }

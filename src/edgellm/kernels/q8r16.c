@@ -52,11 +52,24 @@ static void r16_row(const uint8_t *group, int64_t nb, int j, void *out, int64_t 
     }
 }
 
+typedef struct {
+    const uint8_t *packed;
+    int64_t k;
+    void *out;
+    int dtype;
+} R16Rows;
+
+static void r16_rows(void *p, int64_t r0, int64_t r1) {
+    const R16Rows *a = p;
+    int64_t nb = a->k / 32;
+    for (int64_t r = r0; r < r1; r++)
+        r16_row(a->packed + r / R16 * nb * R16_BLOCK, nb, (int)(r % R16), a->out, r * a->k, a->dtype);
+}
+
 /* out (n, k) = the weights of n rows from `packed` (a group boundary), as fp32 or bf16: a prompt's GEMM. */
 void edgellm_q8r16_to_float(const uint8_t *packed, int64_t n, int64_t k, void *out, int dtype, int threads) {
-    int64_t nb = k / 32;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; r++) r16_row(packed + r / R16 * nb * R16_BLOCK, nb, (int)(r % R16), out, r * k, dtype);
+    R16Rows a = {packed, k, out, dtype};
+    team_for(n, threads, r16_rows, &a);
 }
 
 /* out (count, k) fp32 = rows rows[0..count) of the whole table at `packed`: embedding lookups. */
@@ -169,23 +182,36 @@ ALWAYS_INLINE void r16_group(const uint8_t *w, int64_t nb, int m, const Act *act
         }
 }
 
+typedef struct {
+    const Act *act;
+    int m;
+    int64_t nb;
+    const uint8_t *packed;
+    float *y;
+    int64_t ldy;
+} R16Gemv;
+
+static void r16_groups(void *p, int64_t g0, int64_t g1) {
+    const R16Gemv *a = p;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *w = a->packed + g * a->nb * R16_BLOCK;
+        float *out = a->y + g * R16;
+        switch (a->m) {  /* a constant m keeps the accumulators in registers */
+        case 1: r16_group(w, a->nb, 1, a->act, out, a->ldy); break;
+        case 2: r16_group(w, a->nb, 2, a->act, out, a->ldy); break;
+        case 4: r16_group(w, a->nb, 4, a->act, out, a->ldy); break;
+        case 8: r16_group(w, a->nb, 8, a->act, out, a->ldy); break;
+        default: r16_group(w, a->nb, a->m, a->act, out, a->ldy);
+        }
+    }
+}
+
 /* y[i][0..n) (row i at y + i * ldy) = x[m][k] @ W^T for W (n, k) in Q8R16, m <= 8; `work` holds
    edgellm_block_gemv_work(m, k) bytes. */
 void edgellm_q8r16_gemv(const float *x, int m, int64_t k, const uint8_t *packed, int64_t n, float *y, int64_t ldy,
                         void *work, int threads) {
     Act act[R16_MAX_M];
     for (int i = 0; i < m; i++) act[i] = quantize_act(x + i * k, k, 32, (uint8_t *)work + i * act_bytes(k, 32));
-    int64_t nb = k / 32;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t g = 0; g < n / R16; g++) {
-        const uint8_t *w = packed + g * nb * R16_BLOCK;
-        float *out = y + g * R16;
-        switch (m) {  /* a constant m keeps the accumulators in registers */
-        case 1: r16_group(w, nb, 1, act, out, ldy); break;
-        case 2: r16_group(w, nb, 2, act, out, ldy); break;
-        case 4: r16_group(w, nb, 4, act, out, ldy); break;
-        case 8: r16_group(w, nb, 8, act, out, ldy); break;
-        default: r16_group(w, nb, m, act, out, ldy);
-        }
-    }
+    R16Gemv a = {act, m, k / 32, packed, y, ldy};
+    pool_for(n / R16, threads, r16_groups, &a);
 }

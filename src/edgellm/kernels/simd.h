@@ -31,12 +31,7 @@
    and clang otherwise keep large ones out of line and the constant never reaches them. */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-#ifdef _OPENMP
-#include <omp.h>
-#define THREAD_ID() omp_get_thread_num()
-#else
-#define THREAD_ID() 0
-#endif
+#include "pool.h"
 
 /* ---- scalar conversions every variant may use (IEEE half and bfloat16, round to nearest even) ---- */
 
