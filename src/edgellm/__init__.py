@@ -17,6 +17,9 @@ if "torch" not in sys.modules:
     # next. It must be set before torch loads libgomp; a value the user set wins.
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
+from edgellm.errors import (ContextOverflow, EdgeLLMError, InvalidRequest, ModelFormatError,  # noqa: E402
+                            ModelNotFound, UnsupportedModel)
+
 __version__ = "0.1.0"
 
 _LAZY = {
