@@ -5,19 +5,9 @@ and the CLI's argument checking stay fast."""
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 from typing import Any
 
-if "torch" not in sys.modules:
-    # libgomp's workers spin ~300k rounds (milliseconds) after each parallel region. After a
-    # sampler's softmax or sort (torch's, every decode step) that spinning took a core from the
-    # decode kernels' own threads (kernels/pool.h): sampled decoding ran 85 against 115 tok/s.
-    # 10k rounds still carries torch's team from one prompt GEMM over our prompt kernels to the
-    # next. It must be set before torch loads libgomp; a value the user set wins.
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
-from edgellm.errors import (ContextOverflow, EdgeLLMError, InvalidRequest, ModelFormatError,  # noqa: E402
+from edgellm.errors import (ContextOverflow, EdgeLLMError, InvalidRequest, ModelFormatError,
                             ModelNotFound, UnsupportedModel)
 
 __version__ = "0.1.0"

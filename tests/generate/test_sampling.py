@@ -83,3 +83,74 @@ def test_sampling_respects_filters():
 def test_invalid_parameters_raise_typed_error(bad):
     with pytest.raises(InvalidRequest):
         SamplingParams(**bad)
+
+
+# The native path (kernels/sample.c): the same distribution as probs(), drawn without torch's
+# parallel reductions. Logits shaped like a language model's: a few tokens far above the rest.
+def _peaked(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, generator=gen) * 1.5
+    logits[torch.randperm(n, generator=gen)[:12]] = torch.linspace(14, 17, 12)
+    return logits
+
+
+def _needs_kernels():
+    from edgellm.kernels.build import library
+    if library() is None:
+        pytest.skip("no native kernels here")
+
+
+NATIVE_FILTERS = [dict(temperature=0.8, top_p=0.9), dict(temperature=0.7, top_k=40), dict(temperature=1.0, min_p=0.05),
+                  dict(temperature=0.6, top_p=0.95, top_k=50, min_p=0.02), dict(temperature=1.3, top_p=0.5)]
+
+
+@pytest.mark.parametrize("n", [49152, 262144, 100])
+@pytest.mark.parametrize("filters", NATIVE_FILTERS)
+def test_native_candidates_are_the_tokens_and_probabilities_probs_gives(n, filters):
+    _needs_kernels()
+    logits = _peaked(n, seed=n)
+    logits[torch.randperm(n, generator=torch.Generator().manual_seed(1))[: n // 3]] = float("-inf")  # a grammar's mask
+    sampler = Sampler(SamplingParams(**filters))
+    ids, probs = sampler.candidates(logits)
+    reference = sampler.probs(logits, [])
+    assert set(ids.tolist()) == set(reference.nonzero().flatten().tolist())
+    assert torch.allclose(probs, reference[ids].double(), rtol=1e-4, atol=1e-7)
+
+
+def test_filters_reaching_past_the_candidates_leave_it_to_the_whole_vocabulary():
+    _needs_kernels()
+    flat = torch.randn(49152, generator=torch.Generator().manual_seed(2)) * 0.1  # a nucleus of ~44k tokens
+    sampler = Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=1))
+    assert sampler.candidates(flat) is None
+    nucleus = sampler.probs(flat, []).nonzero().flatten().tolist()
+    assert {sampler(flat, []) for _ in range(50)} <= set(nucleus)
+
+
+@pytest.mark.parametrize("filters", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9), dict(temperature=1.0, top_k=5)])
+def test_native_draws_follow_the_distribution(filters):
+    _needs_kernels()
+    logits = _peaked(49152, seed=5)
+    sampler = Sampler(SamplingParams(seed=11, **filters))
+    probs = sampler.probs(logits, []).double()
+    draws = 6000
+    counts = torch.bincount(torch.tensor([sampler(logits, []) for _ in range(draws)]), minlength=logits.numel()).double()
+    assert counts[probs == 0].sum() == 0  # never a token the filters dropped
+    likely = probs > 0.02
+    spread = 5 * (probs[likely] * (1 - probs[likely]) / draws).sqrt() + 1e-3  # 5 sigma: a seeded, fixed test
+    assert ((counts[likely] / draws - probs[likely]).abs() <= spread).all()
+
+
+def test_the_whole_vocabulary_draw_never_picks_a_masked_token():
+    _needs_kernels()
+    logits = torch.full((262144,), float("-inf"))
+    allowed = [3, 1030, 70000, 262143]  # in several of the kernel's blocks, the last one too
+    logits[allowed] = torch.tensor([0.0, 1.0, -2.0, 0.5])
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=4))
+    assert {sampler(logits, []) for _ in range(300)} == set(allowed)
+
+
+def test_without_kernels_sampling_takes_torchs_path(monkeypatch):
+    from edgellm.generate import sampling
+    monkeypatch.setattr(sampling, "library", lambda: None)
+    sampler = Sampler(SamplingParams(temperature=1.5, top_k=2, seed=3))
+    assert {sampler(LOGITS, []) for _ in range(200)} == {0, 4}

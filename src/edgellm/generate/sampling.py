@@ -43,6 +43,9 @@ class SamplingParams:
 # before the distribution stops being one-hot in float32.
 GREEDY_BELOW = 1e-5
 ARGMAX_ROW = 2048  # logits per row of greedy()'s first pass
+# Logits a filtered draw (top-k, top-p, min-p) looks at natively first: nucleus sampling at top_p
+# 0.9-0.95 keeps tens of tokens of a small model's vocabulary, rarely hundreds.
+CANDIDATES = 256
 
 
 def greedy(logits: torch.Tensor) -> int:
@@ -110,8 +113,10 @@ class Sampler:
         self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
-        probs = self.probs(logits, history)
-        return greedy(self._penalized(logits, history)) if probs is None else self.draw(probs)
+        if self.params.temperature < GREEDY_BELOW:
+            return greedy(self._penalized(logits, history))
+        token = self._native(logits, history)
+        return self.draw(self.probs(logits, history)) if token is None else token
 
     def probs(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor | None:
         """The distribution the next token is drawn from (penalty, temperature, top-k/p, min-p
@@ -125,6 +130,51 @@ class Sampler:
 
     def draw(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids, probabilities) of the tokens that probs() gives weight, found natively from the
+        CANDIDATES largest logits (or top_k's) and the softmax's full denominator; None where the
+        filters reach past them (then only the whole vocabulary tells) or nothing filters."""
+        p, lib, n = self.params, library(), logits.numel()
+        if not self._filters(n):
+            return None
+        top_k = p.top_k if p.top_k < n else 0
+        k = top_k or min(CANDIDATES, n)
+        ids, values = torch.empty(k, dtype=torch.int64), torch.empty(k, dtype=torch.float32)
+        lib.edgellm_top_logits(logits.data_ptr(), n, k, ids.data_ptr(), values.data_ptr())
+        weights = ((values.double() - float(values[0])) / p.temperature).exp()  # the largest logit's is 1
+        # top_k leaves exactly these tokens; else top_p needs the mass of the whole vocabulary
+        total = float(weights.sum()) if top_k or k == n else lib.edgellm_exp_sum(
+            logits.data_ptr(), n, 1 / p.temperature, float(values[0]))
+        exact = top_k or k == n or (p.top_p < 1 and float(weights.sum()) / total >= p.top_p) or (
+            p.min_p > 0 and float(weights[-1]) < p.min_p)
+        if not exact:
+            return None
+        keep = (weights.cumsum(0) - weights) / total < p.top_p  # the mass before a token is short of top_p
+        keep &= (weights >= p.min_p) & (weights > 0)  # min_p against the top token, whose weight is 1
+        return ids[keep], weights[keep] / weights[keep].sum()
+
+    def _filters(self, vocabulary: int) -> bool:
+        p = self.params
+        return 0 < p.top_k < vocabulary or p.top_p < 1 or p.min_p > 0
+
+    def _native(self, logits: torch.Tensor, history: list[int]) -> int | None:
+        """A token drawn without torch's parallel reductions (kernels/sample.c); None where that
+        path does not apply (no kernels, a repetition penalty, filters reaching past CANDIDATES)."""
+        lib = library()
+        if (lib is None or logits.dtype != torch.float32 or logits.dim() != 1 or not logits.is_contiguous()
+                or (self.params.repetition_penalty != 1.0 and history)):
+            return None
+        found = self.candidates(logits)
+        if found is None and self._filters(logits.numel()):
+            return None  # the filters reach past the candidates: the whole vocabulary's path
+        u = torch.rand(1, dtype=torch.float64, generator=self.generator)
+        if found is not None:
+            ids, probs = found
+            return int(ids[min(int(torch.searchsorted(probs.cumsum(0), u, right=True)), len(ids) - 1)])
+        top = lib.edgellm_argmax(logits.data_ptr(), logits.numel())
+        return lib.edgellm_draw(logits.data_ptr(), logits.numel(), 1 / self.params.temperature,
+                                float(logits[top]), float(u))
 
     def _penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         logits = logits.float()

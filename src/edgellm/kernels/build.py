@@ -27,7 +27,7 @@ from edgellm.kernels.isa import Variant, cpu_features, selected
 SOURCES = tuple(sorted(r.name for r in resources.files("edgellm.kernels").iterdir() if r.name.endswith((".c", ".h"))))
 COMMON_FLAGS = ["-O3", "-shared", "-fPIC"]
 
-_p, _i, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+_p, _i, _i64, _f32, _f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
 # exported function -> (return type, argument types); layer functions are typed in decode.py
 _SIGNATURES = {
     "edgellm_int4_gemv": (None, [_p, _i, _i64, _p, _p, _i64, _i64, _i64, _p, _i64, _p, _i]),
@@ -61,6 +61,9 @@ _SIGNATURES = {
     "edgellm_int8_pack_q8r16": (None, [_p, _i64, _i64, _p, _i]),
     "edgellm_int8_quantize": (_i64, [_p, _i64, _i64, _i, _p, _p, _p, _p, _i]),
     "edgellm_argmax": (_i64, [_p, _i64]),
+    "edgellm_exp_sum": (_f64, [_p, _i64, _f32, _f32]),
+    "edgellm_draw": (_i64, [_p, _i64, _f32, _f32, _f64]),
+    "edgellm_top_logits": (None, [_p, _i64, _i64, _p, _p]),
     "edgellm_int8_gemm": (None, [_p, _i64, _i64, _p, _i64, _i, _p, _i64, _p, _i64, _p, _p, _i, _i]),
 }
 
