@@ -154,3 +154,18 @@ def test_without_kernels_sampling_takes_torchs_path(monkeypatch):
     monkeypatch.setattr(sampling, "library", lambda: None)
     sampler = Sampler(SamplingParams(temperature=1.5, top_k=2, seed=3))
     assert {sampler(LOGITS, []) for _ in range(200)} == {0, 4}
+
+
+def test_a_repetition_penalty_keeps_the_native_draw_on_the_penalized_distribution():
+    _needs_kernels()
+    logits = _peaked(49152, seed=9)
+    history = logits.topk(3).indices.tolist() + [5, 77]  # the favourites were said already
+    sampler = Sampler(SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.3, seed=2))
+    ids, probs = sampler.candidates(sampler._penalized(logits, history))
+    reference = sampler.probs(logits, history)
+    assert set(ids.tolist()) == set(reference.nonzero().flatten().tolist())
+    assert torch.allclose(probs, reference[ids].double(), rtol=1e-4, atol=1e-7)
+    assert torch.equal(logits, _peaked(49152, seed=9))  # the caller's logits are left as they were
+    greedy_sampler = Sampler(SamplingParams(temperature=0, repetition_penalty=1.3))
+    penalized = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), 1.3)
+    assert greedy_sampler(logits, history) == int(penalized.argmax())

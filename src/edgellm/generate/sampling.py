@@ -70,10 +70,11 @@ def greedy(logits: torch.Tensor) -> int:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    # Positive logits shrink, negative ones grow: both make seen tokens less likely.
-    picked = logits.gather(-1, seen)
-    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
-    return logits.scatter(-1, seen, picked)
+    # Positive logits shrink, negative ones grow: both make seen tokens less likely. The copy is
+    # numpy's: torch's copy of a vocabulary is an OpenMP region, which wakes its team (kernels/pool.h).
+    out = torch.from_numpy(logits.detach().numpy().copy()) if logits.device.type == "cpu" else logits.clone()
+    picked = out.gather(-1, seen)
+    return out.scatter_(-1, seen, torch.where(picked > 0, picked / penalty, picked * penalty))
 
 
 def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -113,9 +114,10 @@ class Sampler:
         self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+        penalized = self._penalized(logits, history)
         if self.params.temperature < GREEDY_BELOW:
-            return greedy(self._penalized(logits, history))
-        token = self._native(logits, history)
+            return greedy(penalized)
+        token = self._native(penalized)
         return self.draw(self.probs(logits, history)) if token is None else token
 
     def probs(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor | None:
@@ -158,12 +160,12 @@ class Sampler:
         p = self.params
         return 0 < p.top_k < vocabulary or p.top_p < 1 or p.min_p > 0
 
-    def _native(self, logits: torch.Tensor, history: list[int]) -> int | None:
-        """A token drawn without torch's parallel reductions (kernels/sample.c); None where that
-        path does not apply (no kernels, a repetition penalty, filters reaching past CANDIDATES)."""
+    def _native(self, logits: torch.Tensor) -> int | None:
+        """A token drawn from (penalized) logits without torch's parallel reductions
+        (kernels/sample.c); None where that path does not apply (no kernels, filters reaching past
+        CANDIDATES)."""
         lib = library()
-        if (lib is None or logits.dtype != torch.float32 or logits.dim() != 1 or not logits.is_contiguous()
-                or (self.params.repetition_penalty != 1.0 and history)):
+        if lib is None or logits.dtype != torch.float32 or logits.dim() != 1 or not logits.is_contiguous():
             return None
         found = self.candidates(logits)
         if found is None and self._filters(logits.numel()):
