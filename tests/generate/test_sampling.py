@@ -169,3 +169,10 @@ def test_a_repetition_penalty_keeps_the_native_draw_on_the_penalized_distributio
     greedy_sampler = Sampler(SamplingParams(temperature=0, repetition_penalty=1.3))
     penalized = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), 1.3)
     assert greedy_sampler(logits, history) == int(penalized.argmax())
+
+
+def test_candidates_of_logits_the_kernels_cannot_read_are_left_to_torch():
+    sampler = Sampler(SamplingParams(temperature=0.8, top_k=5, seed=1))
+    strided = _peaked(2 * 4096, seed=3).view(4096, 2)[:, 0]
+    assert sampler.candidates(strided) is None and sampler.candidates(strided.bfloat16()) is None
+    assert sampler(strided, []) in set(strided.topk(5).indices.tolist())

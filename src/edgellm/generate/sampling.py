@@ -69,6 +69,12 @@ def greedy(logits: torch.Tensor) -> int:
     return best
 
 
+def _native_input(logits: torch.Tensor) -> bool:
+    """Whether kernels/sample.c can read these logits: fp32, 1-D, contiguous, and a library built."""
+    return (library() is not None and logits.dtype == torch.float32 and logits.dim() == 1
+            and logits.is_contiguous())
+
+
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     # Positive logits shrink, negative ones grow: both make seen tokens less likely. The copy is
     # numpy's: torch's copy of a vocabulary is an OpenMP region, which wakes its team (kernels/pool.h).
@@ -138,7 +144,7 @@ class Sampler:
         CANDIDATES largest logits (or top_k's) and the softmax's full denominator; None where the
         filters reach past them (then only the whole vocabulary tells) or nothing filters."""
         p, lib, n = self.params, library(), logits.numel()
-        if not self._filters(n):
+        if not (_native_input(logits) and self._filters(n)):
             return None
         top_k = p.top_k if p.top_k < n else 0
         k = top_k or min(CANDIDATES, n)
@@ -165,7 +171,7 @@ class Sampler:
         (kernels/sample.c); None where that path does not apply (no kernels, filters reaching past
         CANDIDATES)."""
         lib = library()
-        if lib is None or logits.dtype != torch.float32 or logits.dim() != 1 or not logits.is_contiguous():
+        if not _native_input(logits):
             return None
         found = self.candidates(logits)
         if found is None and self._filters(logits.numel()):
