@@ -176,3 +176,10 @@ def test_candidates_of_logits_the_kernels_cannot_read_are_left_to_torch():
     strided = _peaked(2 * 4096, seed=3).view(4096, 2)[:, 0]
     assert sampler.candidates(strided) is None and sampler.candidates(strided.bfloat16()) is None
     assert sampler(strided, []) in set(strided.topk(5).indices.tolist())
+
+
+def test_logits_with_nothing_left_to_draw_fail_as_torchs_path_does():
+    _needs_kernels()
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=1))
+    with pytest.raises(RuntimeError):
+        sampler(torch.full((4096,), float("-inf")), [])

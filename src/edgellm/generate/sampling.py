@@ -181,8 +181,9 @@ class Sampler:
             ids, probs = found
             return int(ids[min(int(torch.searchsorted(probs.cumsum(0), u, right=True)), len(ids) - 1)])
         top = lib.edgellm_argmax(logits.data_ptr(), logits.numel())
-        return lib.edgellm_draw(logits.data_ptr(), logits.numel(), 1 / self.params.temperature,
-                                float(logits[top]), float(u))
+        token = lib.edgellm_draw(logits.data_ptr(), logits.numel(), 1 / self.params.temperature,
+                                 float(logits[top]), float(u))
+        return token if token >= 0 else None  # no token of weight (all masked): torch's path says so
 
     def _penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
         logits = logits.float()
