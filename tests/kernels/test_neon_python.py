@@ -1,7 +1,7 @@
 """The stronger ARM check: edgellm itself, in an aarch64 Python under `qemu-aarch64 -cpu max`, loads
 SmolLM2 and decodes on the NEON kernels (cross-compiled by the host's gcc-aarch64-linux-gnu when the
-library is first built). The aarch64 Python with torch comes from `tools/arm64-root.sh` (~1.3 GB,
-opt-in: not part of `make test`'s set-up); without it this test skips and says how to make it."""
+library is first built). The aarch64 Python with torch comes from `tools/arm64-root.sh` (~1.3 GB;
+`make test` makes it where it can); without it this test skips and says how to make it."""
 from __future__ import annotations
 
 import json

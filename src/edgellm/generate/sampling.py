@@ -149,12 +149,14 @@ class Sampler:
         top_k = p.top_k if p.top_k < n else 0
         k = top_k or min(CANDIDATES, n)
         ids, values = torch.empty(k, dtype=torch.int64), torch.empty(k, dtype=torch.float32)
-        lib.edgellm_top_logits(logits.data_ptr(), n, k, ids.data_ptr(), values.data_ptr())
+        if lib.edgellm_top_logits(logits.data_ptr(), n, k, ids.data_ptr(), values.data_ptr()) < 0:
+            return None  # no memory for its heap
         weights = ((values.double() - float(values[0])) / p.temperature).exp()  # the largest logit's is 1
+        mass = float(weights.sum())
         # top_k leaves exactly these tokens; else top_p needs the mass of the whole vocabulary
-        total = float(weights.sum()) if top_k or k == n else lib.edgellm_exp_sum(
-            logits.data_ptr(), n, 1 / p.temperature, float(values[0]))
-        exact = top_k or k == n or (p.top_p < 1 and float(weights.sum()) / total >= p.top_p) or (
+        total = mass if top_k or k == n else lib.edgellm_exp_sum(logits.data_ptr(), n, 1 / p.temperature,
+                                                                   float(values[0]))
+        exact = top_k or k == n or (p.top_p < 1 and mass / total >= p.top_p) or (
             p.min_p > 0 and float(weights[-1]) < p.min_p)
         if not exact:
             return None
@@ -170,19 +172,20 @@ class Sampler:
         """A token drawn from (penalized) logits without torch's parallel reductions
         (kernels/sample.c); None where that path does not apply (no kernels, filters reaching past
         CANDIDATES)."""
-        lib = library()
         if not _native_input(logits):
             return None
-        found = self.candidates(logits)
-        if found is None and self._filters(logits.numel()):
-            return None  # the filters reach past the candidates: the whole vocabulary's path
+        found = None
+        if self._filters(logits.numel()):
+            found = self.candidates(logits)
+            if found is None:
+                return None  # the filters reach past the candidates: the whole vocabulary's path
         u = torch.rand(1, dtype=torch.float64, generator=self.generator)
         if found is not None:
             ids, probs = found
             return int(ids[min(int(torch.searchsorted(probs.cumsum(0), u, right=True)), len(ids) - 1)])
-        top = lib.edgellm_argmax(logits.data_ptr(), logits.numel())
-        token = lib.edgellm_draw(logits.data_ptr(), logits.numel(), 1 / self.params.temperature,
-                                 float(logits[top]), float(u))
+        lib, n = library(), logits.numel()
+        shift = float(logits[lib.edgellm_argmax(logits.data_ptr(), n)])
+        token = lib.edgellm_draw(logits.data_ptr(), n, 1 / self.params.temperature, shift, float(u))
         return token if token >= 0 else None  # no token of weight (all masked): torch's path says so
 
     def _penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:

@@ -63,7 +63,7 @@ _SIGNATURES = {
     "edgellm_argmax": (_i64, [_p, _i64]),
     "edgellm_exp_sum": (_f64, [_p, _i64, _f32, _f32]),
     "edgellm_draw": (_i64, [_p, _i64, _f32, _f32, _f64]),
-    "edgellm_top_logits": (None, [_p, _i64, _i64, _p, _p]),
+    "edgellm_top_logits": (_i64, [_p, _i64, _i64, _p, _p]),
     "edgellm_int8_gemm": (None, [_p, _i64, _i64, _p, _i64, _i, _p, _i64, _p, _i64, _p, _p, _i, _i]),
 }
 

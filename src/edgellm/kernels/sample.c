@@ -84,10 +84,11 @@ static void sift_down(Logit *heap, int64_t k, int64_t i) {  /* a heap whose root
     }
 }
 
-/* The k largest logits of x[0..n) (k <= n), largest first, into ids and values. */
-void edgellm_top_logits(const float *x, int64_t n, int64_t k, int64_t *ids, float *values) {
+/* The k largest logits of x[0..n) (k <= n), largest first, into ids and values; 0, or -1 (nothing
+   written) when there is no memory for the heap. */
+int64_t edgellm_top_logits(const float *x, int64_t n, int64_t k, int64_t *ids, float *values) {
     Logit *heap = malloc(sizeof(Logit) * (size_t)k);
-    if (!heap) return;
+    if (!heap) return -1;
     for (int64_t i = 0; i < k; i++) heap[i] = (Logit){x[i], i};
     for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(heap, k, i);
     int64_t i = k;
@@ -104,4 +105,5 @@ void edgellm_top_logits(const float *x, int64_t n, int64_t k, int64_t *ids, floa
         sift_down(heap, end, 0);
     }
     free(heap);
+    return 0;
 }
