@@ -4,6 +4,7 @@ every KV precision it stores, and for a batch of sequences of different lengths.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from contextlib import contextmanager
 
 import pytest
@@ -11,7 +12,8 @@ import torch
 
 import edgellm
 from edgellm import kernels
-from edgellm.kernels.decode import fused_step
+from edgellm.generate.generator import decode_step
+from edgellm.kernels.decode import _NativeHead, fused_step
 from edgellm.kv import BatchKV, KVConfig, RingCache
 from edgellm.kv.codecs import CODECS
 
@@ -228,6 +230,46 @@ def test_rope_rows_from_cached_tables_are_each_positions_angles(name, request):
                 got_sin = _floats_at(sin[layer], len(positions) * d).view(len(positions), d)
                 torch.testing.assert_close(got_cos, want_cos.reshape(len(positions), d), rtol=0, atol=1e-6)
                 torch.testing.assert_close(got_sin, want_sin.reshape(len(positions), d), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
+def test_the_native_head_gives_the_models_logits(name, request):
+    """The decoder's own head (RMSNorm, then each part's GEMV, two native calls) gives the logits of
+    the model's head; a soft-capped head (Gemma 2) stays the model's."""
+    with edgellm.load(request.getfixturevalue(name)) as model, torch.inference_mode():
+        net = model.net
+        assert net.decoder._head is not None  # SmolLM2's and Gemma 3's Q8R16 heads
+        x = torch.randn(3, net.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 3
+        want = net.head(x.view(3, 1, -1))[:, 0]
+        got = net.decoder._head(x)
+        assert got.shape == want.shape and (got - want).abs().max() < 1e-4 * want.abs().max()
+        if name == "gemma3_path":
+            net.config = dataclasses.replace(net.config, final_softcap=30.0)
+            assert _NativeHead.of(net, kernels.library()) is None
+
+
+def test_a_batched_decode_step_runs_no_torch_op_per_sequence(smollm2_path):
+    """Each torch op in a decode step runs from caches the layers' weights have just swept (tens of
+    µs where it takes one or two hot), so the step hands the native call plain ints and
+    addresses: four sequences' step issues no more torch ops than one's, and only a few."""
+    with edgellm.load(smollm2_path) as model, torch.inference_mode():
+        generations = [model.generation(model.tokenizer.encode(p), max_tokens=8, ignore_eos=True) for p in PROMPTS]
+        for g in generations:
+            g.accept(g.prefill())
+
+        def ops(batch) -> list[str]:
+            for g in batch:
+                g.seq.prepare(1)  # a new KV page (torch.empty per layer) now, not inside the count
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+                logits = decode_step(model.net, batch)
+            for g, row in zip(batch, logits):
+                g.accept(row)
+            return [e.name for e in profile.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+
+        one, four = ops(generations[:1]), ops(generations)
+        for g in generations:
+            g.close()
+    assert len(four) == len(one) <= 4, (one, four)
 
 
 def test_a_token_outside_the_vocabulary_is_an_index_error_not_a_wild_read(smollm2_path):

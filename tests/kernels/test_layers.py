@@ -14,7 +14,7 @@ import struct
 import pytest
 import torch
 
-from edgellm.kernels import decode
+from edgellm.kernels import layer_structs as structs
 from edgellm.kv.codecs import codec
 from edgellm.lora.adapter import pack_a, pack_b_t
 from edgellm.quant.blocks import BlockLinear
@@ -64,14 +64,14 @@ class _Layer:
         self.down, self.w_down = _blocks("Q5_K", HIDDEN, INTER, seed + 3)
         self.norms = [torch.rand(HIDDEN, generator=g) + 0.5 for _ in range(4)]
         self.head_norms = [torch.rand(DIM, generator=g) + 0.5 for _ in range(2)]
-        dims = decode._LayerDims(HIDDEN, HEADS, KV_HEADS, DIM, INTER, MAX_LEN, EPS, DIM ** -0.5)
-        weights = [decode._weight(m) for m in (self.qkv, self.o, self.gate_up, self.down)]
+        dims = structs.LayerDims(HIDDEN, HEADS, KV_HEADS, DIM, INTER, MAX_LEN, EPS, DIM ** -0.5)
+        weights = [structs.projection(m) for m in (self.qkv, self.o, self.gate_up, self.down)]
         if gemma:
             ptrs = [n.data_ptr() for n in self.norms] + [n.data_ptr() for n in self.head_norms]
-            self.desc = decode._layer_struct(6)(dims, *ptrs, *weights)
+            self.desc = structs.layer_struct(6)(dims, *ptrs, *weights)
         else:
             head_norms = [n.data_ptr() for n in self.head_norms] if family == "qwen3" else [None, None]
-            self.desc = decode._layer_struct(5)(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None,
+            self.desc = structs.layer_struct(5)(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None,
                                                 *head_norms, *weights)
         self.gemma, self.head_norm = gemma, family != "llama"
 
@@ -97,17 +97,17 @@ class _Cache:
         self.slot_pos = torch.full((WINDOW,), -1, dtype=torch.long) if ring else None
         self.names = (k, v)
 
-    def slots(self) -> decode._KVSlots:
-        self.table = (decode._KVPage * len(self.pages))(*(decode._KVPage(*map(self._store, page, self.names))
+    def slots(self) -> structs.KVSlots:
+        self.table = (structs.KVPage * len(self.pages))(*(structs.KVPage(*map(self._store, page, self.names))
                                                            for page in self.pages))
-        return decode._KVSlots(ctypes.addressof(self.table), self.page, self.capacity,
+        return structs.KVSlots(ctypes.addressof(self.table), self.page, self.capacity,
                                None if self.slot_pos is None else self.slot_pos.data_ptr())
 
     @staticmethod
-    def _store(parts: dict[str, torch.Tensor], name: str) -> decode._KVStore:
+    def _store(parts: dict[str, torch.Tensor], name: str) -> structs.KVStore:
         main = parts.get("x", parts.get("q"))
         scale, low = parts.get("scale"), parts.get("min")
-        return decode._KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
+        return structs.KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
                                None if low is None else low.data_ptr(), CODES[name])
 
     def decoded(self, which: int) -> torch.Tensor:
@@ -172,7 +172,7 @@ def _run_layer(lib, layer: _Layer, caches: list[_Cache], pos: list[int], g: torc
     angles = torch.tensor(pos, dtype=torch.float64)[:, None] * (1e-2 ** torch.arange(DIM // 2) / (DIM // 2))
     cos, sin = (f(torch.cat([angles, angles], dim=-1)).float().contiguous() for f in (torch.cos, torch.sin))
     ours = x.clone()
-    slots = (decode._KVSlots * len(pos))(*(c.slots() for c in caches))
+    slots = (structs.KVSlots * len(pos))(*(c.slots() for c in caches))
     buf = torch.empty(lib.edgellm_layer_floats(ctypes.byref(layer.desc.dims), len(pos)), dtype=torch.float32)
     work = torch.empty(lib.edgellm_block_gemv_work(8, INTER), dtype=torch.uint8)
     run = lib.edgellm_gemma_layer if layer.gemma else lib.edgellm_llama_layer
@@ -223,7 +223,7 @@ class _Lora:
     def __init__(self, parts, rank: int, scale: float, seed: int):
         g = torch.Generator().manual_seed(seed)
         self.tensors, self.deltas = [], {}
-        self.struct = decode._LoraLayer()
+        self.struct = structs.LoraLayer()
         for part in parts:
             out_dim, in_dim = self.SHAPES[part]
             a = torch.randint(-127, 128, (rank, in_dim), generator=g, dtype=torch.int8)
@@ -231,7 +231,7 @@ class _Lora:
             a_scale, b_scale = (torch.rand(rank, generator=g) * 1e-3 + 4e-4 for _ in range(2))
             packed = pack_a(a), pack_b_t(b_t)  # the layout lora_ops.h reads
             self.tensors += [*packed, a_scale, b_scale]
-            self.struct.part[decode._LORA_PARTS.index(part)] = decode._LoraPair(
+            self.struct.part[structs.LORA_PARTS.index(part)] = structs.LoraPair(
                 packed[0].data_ptr(), packed[1].data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), rank, scale)
             self.deltas[part] = scale * (b_t.double() * b_scale.double()[:, None]).T @ (a.double() * a_scale.double()[:, None])
 
@@ -241,7 +241,7 @@ def test_decoder_layer_adds_each_rows_own_lora(lib, family):
     """Three rows in one call: one under an adapter on every projection, one the base alone,
     one under another adapter (other rank and scale) on some projections."""
     layer = _Layer(family)
-    loras = [_Lora(decode._LORA_PARTS, 16, 2.0, 1), None, _Lora(("q", "v", "up", "down"), 6, 4.0, 2)]
+    loras = [_Lora(structs.LORA_PARTS, 16, 2.0, 1), None, _Lora(("q", "v", "up", "down"), 6, 4.0, 2)]
     pos = [5, 17, 9]
     caches = [_Cache("f32", "f32", False) for _ in pos]
     rows = (ctypes.c_void_p * len(pos))(*(None if l is None else ctypes.addressof(l.struct) for l in loras))

@@ -209,13 +209,19 @@ class Generation:
 
 
 def decode_step(model: CausalLM, generations: list[Generation]) -> torch.Tensor:
-    """One decode step for several sequences at once: their linears run as one batch.
-    Returns (len(generations), V) logits."""
+    """One decode step for several sequences at once: their linears run as one batch (the native
+    decoder's one call where it takes them, handed plain ints: no token tensor to build and take
+    apart). Returns (len(generations), V) logits."""
     for g in generations:
         g.seq.prepare(1)
-    tokens = torch.tensor([[g.next_token] for g in generations])
-    caches = generations[0].seq if len(generations) == 1 else BatchKV([g.seq for g in generations])
-    logits = model(tokens, caches, last_only=True)[:, -1]
+    decoder = getattr(model, "decoder", None)
+    direct = decoder is not None and all(g.seq.layers for g in generations)
+    logits = None if not direct else decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations],
+                                                            adapters=[g.seq.adapter for g in generations])
+    if logits is None:
+        tokens = torch.tensor([[g.next_token] for g in generations])
+        caches = generations[0].seq if len(generations) == 1 else BatchKV([g.seq for g in generations])
+        logits = model(tokens, caches, last_only=True)[:, -1]
     for g in generations:
         g.seq.advance([g.next_token])
     return logits

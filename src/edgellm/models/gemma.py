@@ -170,3 +170,7 @@ class Gemma(nn.Module):
         logits = self.lm_head(self.norm(x)).float()
         cap = self.config.final_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
+
+    def head_parts(self) -> tuple[RMSNorm, nn.Module] | None:
+        """(norm, lm_head) where head(x) is lm_head(norm(x)); None under a soft cap."""
+        return (self.norm, self.lm_head) if self.config.final_softcap is None else None

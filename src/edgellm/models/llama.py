@@ -233,3 +233,7 @@ class Llama(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (fp32) of final hidden states."""
         return self.lm_head(self.norm(x)).float()
+
+    def head_parts(self) -> tuple[RMSNorm, nn.Module]:
+        """head(x) is lm_head(norm(x)), nothing more (the native decoder may run it itself)."""
+        return self.norm, self.lm_head

@@ -1,0 +1,111 @@
+"""layer_types.h in ctypes: the structs the native decoder layers read, and how edgellm's weights
+(INT4, GGUF blocks, dense) and LoRA adapters are described in them. The KV caches' side is
+decode_caches.py; the decoder that fills both is decode.py."""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from edgellm.quant.blocks import BlockLinear
+from edgellm.quant.linear import DenseLinear, Int4Linear
+
+_p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+WEIGHT_INT4, WEIGHT_BF16, WEIGHT_F32 = -1, -2, -3  # else a ggml block type read in place (layer_types.h)
+MAX_PARTS = 3
+
+
+class WeightPart(ctypes.Structure):
+    _fields_ = [("kind", _i64), ("data", _p), ("scale_zero", _p), ("n", _i64), ("kw", _i64), ("ka", _i64),
+                ("group", _i64)]
+
+
+class Projection(ctypes.Structure):
+    _fields_ = [("parts", WeightPart * MAX_PARTS), ("count", _i64)]
+
+
+class KVStore(ctypes.Structure):
+    _fields_ = [("q", _p), ("scale", _p), ("min", _p), ("codec", _i64)]
+
+
+class KVPage(ctypes.Structure):
+    _fields_ = [("k", KVStore), ("v", KVStore)]
+
+
+class KVSlots(ctypes.Structure):
+    _fields_ = [("pages", _p), ("page_tokens", _i64), ("capacity", _i64), ("slot_pos", _p), ("used", _i64)]
+
+
+class LoraPair(ctypes.Structure):
+    _fields_ = [("a", _p), ("bt", _p), ("a_scale", _p), ("bt_scale", _p), ("rank", _i64), ("scale", _f32)]
+
+
+LORA_PARTS = ("q", "k", "v", "o", "gate", "up", "down")  # layer_types.h's LORA_Q ... LORA_DOWN
+MAX_LORA_RANK = 256
+
+
+class LoraLayer(ctypes.Structure):
+    _fields_ = [("part", LoraPair * len(LORA_PARTS))]
+
+
+class LayerDims(ctypes.Structure):
+    _fields_ = [("hidden", _i64), ("n_heads", _i64), ("n_kv", _i64), ("head_dim", _i64), ("inter", _i64),
+                ("max_len", _i64), ("eps", _f32), ("scale", _f32), ("softcap", _f32)]
+
+
+_WEIGHTS = [("qkv", Projection), ("o", Projection), ("gate_up", Projection), ("down", Projection)]
+
+
+@functools.cache
+def layer_struct(n_vectors: int) -> type[ctypes.Structure]:
+    """A C layer struct: dims, the block's vectors (norm weights, biases; NULL where absent),
+    then the four projections (llama_layer.c: 5 vectors, gemma_layer.c: 6)."""
+    fields = [("dims", LayerDims)] + [(f"vector{i}", _p) for i in range(n_vectors)] + _WEIGHTS
+    return type(f"_Layer{n_vectors}", (ctypes.Structure,), {"_fields_": fields})
+
+
+def projection(linear) -> Projection:
+    if isinstance(linear, BlockLinear):
+        parts = [WeightPart(p.type, p.rows.data_ptr(), None if p.scale is None else p.scale.data_ptr(),
+                             p.rows.shape[0], linear.in_features, linear.in_features, 32) for p in linear.parts]
+    elif isinstance(linear, DenseLinear):  # formats with no INT4 or block kernel, in the compute dtype
+        kind = WEIGHT_BF16 if linear.compute_dtype == torch.bfloat16 else WEIGHT_F32
+        parts = [WeightPart(kind, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
+                             linear.in_features, 0)]
+    else:
+        parts = [WeightPart(WEIGHT_INT4, linear.packed.data_ptr(), linear.scale_zero.data_ptr(),
+                             linear.out_features, linear.planes * linear.in_features, linear.in_features,
+                             linear.group)]
+    return Projection((WeightPart * MAX_PARTS)(*parts), len(parts))
+
+
+def native_linear(linear) -> bool:
+    if isinstance(linear, BlockLinear):
+        return len(linear.parts) <= MAX_PARTS
+    if isinstance(linear, DenseLinear):
+        return linear.compute_dtype in (torch.bfloat16, torch.float32) and linear.in_features % 16 == 0
+    return isinstance(linear, Int4Linear)
+
+
+def linears(block) -> list:
+    return [block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj]
+
+
+def describe_adapter(adapter, n_layers: int) -> tuple[ctypes.Array, list[int]] | None:
+    """An adapter as one LoraLayer per layer (pointing into its int8 tensors and scales) and
+    their addresses; None where the C layers cannot read it."""
+    vector = 16  # the widest ISA's floats per vector: every length a multiple of it
+    for pair in adapter.pairs.values():  # int8 pairs are in lora_ops.h's layout (LoRAPair.stored_as)
+        if pair.a.dtype != torch.int8 or pair.rank > MAX_LORA_RANK or pair.in_features % vector \
+                or pair.out_features % vector:
+            return None
+    layers = (LoraLayer * n_layers)()
+    for (i, part), pair in adapter.pairs.items():
+        if i < n_layers:
+            layers[i].part[LORA_PARTS.index(part)] = LoraPair(pair.a.data_ptr(), pair.b_t.data_ptr(),
+                                                                 pair.a_scale.data_ptr(), pair.b_scale.data_ptr(),
+                                                                 pair.rank, adapter.scale)
+    size = ctypes.sizeof(LoraLayer)
+    return layers, [ctypes.addressof(layers) + i * size for i in range(n_layers)]
