@@ -38,8 +38,8 @@ def test_bench_profile_lists_op_types(smollm2_path):
     result = _bench("--model", str(smollm2_path), "--op-times", "--prompt-tokens", "16")
     assert result.returncode == 0, result.stderr
     assert f"kernels: {kernels.describe()}" in result.stdout  # the variant that ran
-    if kernels.available():  # the native decoder layers and GEMV are named, beside aten ops
-        assert "edgellm::decode_layers" in result.stdout and "edgellm::block_gemv" in result.stdout  # the Q8_0 head
+    if kernels.available():  # the native decoder layers and head (norm + the Q8_0 head's GEMV) are named
+        assert "edgellm::decode_layers" in result.stdout and "edgellm::head" in result.stdout
     else:  # PyTorch's layers: its own ops
         assert "aten::" in result.stdout and "edgellm::" not in result.stdout
     assert "per decode step" in result.stdout

@@ -149,7 +149,8 @@ class FusedDecoder:
         if not every_row and len(work) < m:  # only each entry's last row goes through the head
             x = x[torch.tensor(_last_rows(work))]
         if self._head is not None:
-            return self._head(x)
+            with kernels.profiled("edgellm::head"):
+                return self._head(x)
         return self.net.head(x.view(x.shape[0], 1, -1))[:, 0]
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:

@@ -86,11 +86,13 @@ static void block_rows(const uint8_t *packed, const uint16_t *scale_zero, int64_
 #define I4_PARTS(r) block64(packed, scale_zero, n, kw, group, ka, nb, r, act, y, ldy); break;
     (void)c0, (void)c1;
 #endif
-    switch (rows) {
+    switch (rows) {  /* rows <= I4_TILE: no instance for more (NEON's 2 would overrun its accumulators) */
     case 1: I4_PARTS(1)
     case 2: I4_PARTS(2)
+#if I4_TILE >= 4
     case 3: I4_PARTS(3)
     case 4: I4_PARTS(4)
+#endif
     default: I4_PARTS(rows)
     }
 #undef I4_PARTS
