@@ -30,16 +30,17 @@ def pytorch_layers(net):
         net.decoder = decoder
 
 
-def _decode_logits(model, ids: list[int], steps: int, fused: bool,
+def _decode_logits(model, prompt, steps: int, fused: bool,
                    feed: list[int] | None = None) -> tuple[list[torch.Tensor], list[int]]:
-    """Logits of `steps` decode steps after the prompt `ids`, and the tokens fed: greedy, or the
-    tokens `feed` (so both paths see the same inputs even where a near-tie picks another token)."""
-    net = model.net
+    """Logits of `steps` decode steps after `prompt` (a prefilled sequence and its last logits: each
+    path starts from a copy of the same cache), and the tokens fed: greedy, or the tokens `feed` (so
+    both paths see the same inputs even where a near-tie picks another token)."""
+    net, (base, logits) = model.net, prompt
     seq, _ = model.kv.new_sequence()
     out, fed = [], []
     with torch.inference_mode(), (pytorch_layers(net) if not fused else _nothing()):
-        seq.prepare(len(ids))
-        logits = net(torch.tensor([ids]), seq, last_only=True)
+        seq.prepare(base.offset)
+        _copy_state(seq, base)
         for step in range(steps):
             token = int(logits[0, -1].argmax()) if feed is None else feed[step]
             fed.append(token)
@@ -52,6 +53,15 @@ def _decode_logits(model, ids: list[int], steps: int, fused: bool,
             out.append(logits[0, -1])
     seq.release()
     return out, fed
+
+
+def _prompt(model, ids: list[int]):
+    """A sequence holding the prompt `ids`, and its last position's logits (the prompt path's)."""
+    seq, _ = model.kv.new_sequence()
+    with torch.inference_mode():
+        seq.prepare(len(ids))
+        logits = model.net(torch.tensor([ids]), seq, last_only=True)
+    return seq, logits
 
 
 @contextmanager
@@ -70,8 +80,10 @@ def _nothing():
 def test_fused_decode_matches_pytorch_layers(name, repeats, tolerance, k, v, request):
     with edgellm.load(request.getfixturevalue(name), kv=KVConfig(k_precision=k, v_precision=v)) as model:
         ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * repeats)
-        plain, fed = _decode_logits(model, ids, 16, fused=False)
-        fused, _ = _decode_logits(model, ids, 16, fused=True, feed=fed)
+        prompt = _prompt(model, ids)  # one prefill for both: the prompt path's own run-to-run wobble stays out
+        plain, fed = _decode_logits(model, prompt, 16, fused=False)
+        fused, _ = _decode_logits(model, prompt, 16, fused=True, feed=fed)
+        prompt[0].release()
     for a, b in zip(fused, plain):
         difference = (a - b).abs().max()
         assert difference < tolerance * b.abs().max()
@@ -328,3 +340,20 @@ def test_a_short_prompt_goes_natively_in_pieces_with_the_prompt_paths_logits(nam
                 token = int(b.argmax())
         native_seq.release()
         plain_seq.release()
+
+
+def test_a_finished_sequence_leaves_nothing_behind_in_the_decoder(smollm2_path):
+    """The decoder remembers each sequence's KVSlots weakly: once the sequence is gone, so are its
+    caches (and the pages they hold)."""
+    import gc
+    import weakref
+
+    with edgellm.load(smollm2_path) as model, torch.inference_mode():
+        seq, token = _prefilled(model, "Once upon a time")
+        seq.prepare(1)
+        assert model.net.decoder.step_rows([(seq.layers, [token])]) is not None
+        first = weakref.ref(seq.layers[0])
+        seq.release()  # drops the caches
+        del seq
+        gc.collect()
+        assert first() is None

@@ -41,7 +41,8 @@ class CacheViews:
             return None
         versions = [c.version for c in layers]
         entry = self._sequences.get(layers[0])
-        if entry is None or entry.versions != versions or start + new_tokens > entry.room or entry.layers != tuple(layers):
+        if entry is None or entry.versions != versions or start + new_tokens > entry.room \
+                or entry.ids != tuple(map(id, layers)):
             if not all(self._view(c).native for c in layers):
                 return None
             for cache in layers:  # grow before any KVSlots points into the stores
@@ -70,7 +71,8 @@ class _SequenceSlots:
     the tokens its dense caches have room for (rings take any number)."""
 
     def __init__(self, layers: Sequence, slots: list[KVSlots]):
-        self.layers = tuple(layers)
+        # which caches (by id: a reference would keep the key, its first layer, and every page alive)
+        self.ids = tuple(map(id, layers))
         self.array = (KVSlots * len(slots))(*slots)
         self.versions = [c.version for c in layers]
         self.rings = [i for i, c in enumerate(layers) if hasattr(c, "used_slots")]
