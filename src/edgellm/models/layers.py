@@ -80,9 +80,13 @@ class Rotary(nn.Module):
         return (cos, sin) if self.magnitude == 1.0 else (cos * self.magnitude, sin * self.magnitude)
 
     def _angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.float()[..., None] * self.inv_freq  # (..., T, D/2)
+        # cos and sin in float64, rounded to float32: torch's float32 ones are not the same bits from one
+        # call to the next (in ~1 process of 10 the first call computed 2,062 of 3,904 values off the
+        # rounded exact ones, the next call 210), and a prompt's logits moved by up to 0.16 with them;
+        # the angles themselves stay the float32 products
+        angles = (positions.float()[..., None] * self.inv_freq).double()  # (..., T, D/2)
         angles = torch.cat((angles, angles), dim=-1).unsqueeze(-2)  # (..., T, 1, D)
-        return angles.cos(), angles.sin()
+        return angles.cos().float(), angles.sin().float()
 
 
 def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float, high_freq_factor: float,
