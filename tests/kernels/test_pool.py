@@ -43,6 +43,24 @@ def test_decode_kernels_called_from_several_threads_at_once_give_the_serial_resu
     assert len(results) == len(inputs)
 
 
+def test_shares_whose_workers_lose_their_cores_give_the_serial_results():
+    """After each of torch's parallel ops its OpenMP threads spin on (~20 ms), so the pool's worker
+    often has no core when a job comes: the caller then runs the worker's share too, and a worker
+    that wakes late must not run a share of a job that has moved on (it once did: a wrong body, a
+    crash in ~1 process of 6). The pool's code is the same in every variant: the machine's is tested."""
+    lib = kernels.library()
+    packed, pairs, _ = _int4(128, 64, 1, 32)  # two 64-row blocks: a share per thread, microseconds a call
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(5))
+    expected = _gemv(lib, x, packed, pairs)
+    big = torch.randn(1 << 20)
+    wrong = 0
+    for i in range(10_000):
+        if i % 30 == 0:
+            torch.tanh(big)  # an OpenMP region: its threads spin on after it
+        wrong += not torch.equal(_gemv(lib, x, packed, pairs), expected)
+    assert wrong == 0
+
+
 def _child_gemv(conn, packed, pairs, x) -> None:
     conn.send(_gemv(kernels.library(), x, packed, pairs).tolist())  # plain floats: no shared memory
 

@@ -16,9 +16,11 @@
 #define EDGELLM_POOL_H
 #include <stdint.h>
 
-/* Threads thread = 0 .. threads - 1 each run body(ctx, thread, threads), the caller as thread 0;
-   returns when all have. Callers in different threads take turns; a call from inside a body runs
-   its threads one after another in the calling thread. */
+/* body(ctx, t, threads) runs once for each share t = 0 .. threads - 1: the caller runs share 0,
+   worker t share t unless the caller, done with its own, claimed it first (a worker without a
+   core delays nothing); returns when all have run. A body must not wait for another share.
+   Callers in different threads take turns; a call from inside a body runs its shares one after
+   another in the calling thread. */
 typedef void (*PoolBody)(void *ctx, int thread, int threads);
 void pool_run(int threads, PoolBody body, void *ctx);
 
