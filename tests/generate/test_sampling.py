@@ -117,6 +117,22 @@ def test_native_candidates_are_the_tokens_and_probabilities_probs_gives(n, filte
     assert torch.allclose(probs, reference[ids].double(), rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("nucleus", [500, 3000])
+@pytest.mark.parametrize("filters", [dict(temperature=1.0, top_p=0.9), dict(temperature=0.9, top_k=1000)])
+def test_a_nucleus_of_hundreds_or_thousands_of_tokens_is_drawn_natively(nucleus, filters):
+    _needs_kernels()
+    gen = torch.Generator().manual_seed(nucleus)
+    logits = torch.randn(49152, generator=gen) - 12.0  # a tail holding ~nothing
+    logits[torch.randperm(49152, generator=gen)[:nucleus]] = torch.randn(nucleus, generator=gen) * 0.5
+    sampler = Sampler(SamplingParams(seed=3, **filters))
+    found = sampler.candidates(logits)
+    assert found is not None, "the wider try must cover it"
+    ids, probs = found
+    reference = sampler.probs(logits, [])
+    assert len(ids) > 256 and set(ids.tolist()) == set(reference.nonzero().flatten().tolist())
+    assert torch.allclose(probs, reference[ids].double(), rtol=1e-4, atol=1e-7)
+
+
 def test_filters_reaching_past_the_candidates_leave_it_to_the_whole_vocabulary():
     _needs_kernels()
     flat = torch.randn(49152, generator=torch.Generator().manual_seed(2)) * 0.1  # a nucleus of ~44k tokens
