@@ -2,6 +2,7 @@
 (TokenEvents, then one Completion) as they come, its state, and cancel()."""
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -37,6 +38,7 @@ class Handle:
         self.submitted = time.perf_counter()
         self.started: float | None = None
         self._events: queue.Queue = queue.Queue()
+        self._waker: Callable[[], None] | None = None  # set while an asyncio consumer awaits the next event
         self.on_done: Callable[[Handle, Completion], None] | None = None  # e.g. a Session recording the reply
 
     def cancel(self) -> None:
@@ -46,9 +48,31 @@ class Handle:
         """The next TokenEvent or Completion; DONE at the end; None if nothing came within
         timeout_s. An error that ended the request is raised here."""
         try:
-            event = self._events.get(timeout=timeout_s)
+            return self._taken(self._events.get(timeout=timeout_s))
         except queue.Empty:
             return None
+
+    async def next_event_async(self, timeout_s: float | None = None) -> Any:
+        """next_event for asyncio code, awaited on the event loop itself: the engine thread's put()
+        wakes it. (A worker thread blocking in next_event per event cost the HTTP server a thread
+        hop per token: two wake-ups on a 2-core device busy with the decode step.)"""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return self._taken(self._events.get_nowait())
+            except queue.Empty:
+                pass
+            arrived = loop.create_future()
+            self._waker = lambda: loop.call_soon_threadsafe(_resolve, arrived)
+            try:
+                if self._events.empty():  # else put() ran before the waker was set: take it now
+                    await asyncio.wait_for(arrived, timeout_s)
+            except asyncio.TimeoutError:
+                return None
+            finally:
+                self._waker = None
+
+    def _taken(self, event: Any) -> Any:
         if isinstance(event, BaseException):
             self._events.put(DONE)
             raise event
@@ -56,17 +80,21 @@ class Handle:
 
     def put(self, event: Any) -> None:
         self._events.put(event)
+        waker = self._waker
+        if waker is not None:
+            try:
+                waker()
+            except RuntimeError:  # its event loop has closed: nobody is waiting any more
+                pass
 
     def __iter__(self) -> Iterator:
         while (event := self.next_event()) is not DONE:
             yield event
 
     async def __aiter__(self):
-        """The same events for asyncio code (the blocking wait runs in a worker thread)."""
-        import anyio
-
+        """The same events for asyncio code."""
         try:
-            while (event := await anyio.to_thread.run_sync(self.next_event)) is not DONE:
+            while (event := await self.next_event_async()) is not DONE:
                 yield event
         finally:
             self.cancel()
@@ -74,3 +102,8 @@ class Handle:
     @property
     def queue_wait_s(self) -> float:
         return (self.started or time.perf_counter()) - self.submitted
+
+
+def _resolve(arrived: asyncio.Future) -> None:
+    if not arrived.done():  # a timeout may have cancelled it meanwhile
+        arrived.set_result(None)

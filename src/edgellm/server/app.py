@@ -243,7 +243,7 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         """The handle's next event; a watched client that hung up meanwhile cancels it."""
         while True:
             try:
-                event = await anyio.to_thread.run_sync(handle.next_event, DISCONNECT_POLL_S)
+                event = await handle.next_event_async(DISCONNECT_POLL_S)
             except Exception as error:
                 raise _translate(error) from None
             if client is not None and await client.gone():
