@@ -148,7 +148,9 @@ def test_label_scores_run_under_the_adapter_asked_for(model):
     """An adapter's scores from its own cached prefix match its uncached ones as closely as the
     prompt path's arithmetic allows, and are far from the base model's: a cached prompt's last
     tokens run as a few rows with int16 activations, a whole prompt through the prompt GEMM, which is
-    bf16 where the CPU has it and int8 on plain AVX2 (0.01-0.04 apart then, measured), fp32 elsewhere."""
+    bf16 where the CPU has it and int8 on plain AVX2 (0.01-0.04 apart then on an Intel Xeon, 0.065 on a
+    Zen 5, where the uncached bf16 scores sit 0.10 from exact mode's and the cached ones 0.06), fp32
+    elsewhere."""
     from edgellm import kernels
 
     ids = model.chat_ids([{"role": "user", "content": "Is the sea blue? Answer yes or no."}])
@@ -158,7 +160,7 @@ def test_label_scores_run_under_the_adapter_asked_for(model):
     adapted = model.continuation_logprobs(ids, labels, adapter="polish")
     again = model.continuation_logprobs(ids, labels, adapter="polish")  # from its own cached prefix this time
     rounded = any(kind in kernels.describe() for kind in ("bf16 prompt", "int8"))
-    assert _gap(again, adapted) <= max(6e-2 if rounded else 1e-2, 2 * _gap(base_again, base))
+    assert _gap(again, adapted) <= max(8e-2 if rounded else 1e-2, 2 * _gap(base_again, base))
     assert _gap(adapted, base) > 0.15  # 0.31-0.34 measured: the base's cached prefix would land there
 
 
