@@ -93,6 +93,29 @@ def test_widened_q5_0_values_times_int8_activations_are_the_rounded_product(t, n
     _check(Int8Prompt(x, kernels.library_for(AVX2)).times_q5_0(rows), x, w)
 
 
+def _q6_k(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of random Q6_K blocks (codes 0..63, an int8 scale per 16) and their weight, decoded by the
+    tests' own reference (tests/quant/reference.py)."""
+    import random
+
+    from tests.quant import reference
+
+    data = reference.random_tensor("Q6_K", n * k, random.Random(n + k))
+    w = torch.tensor(reference.decode("Q6_K", data), dtype=torch.float64).view(n, k)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(n, k // 256 * 210), w
+
+
+@needs_avx2
+@pytest.mark.parametrize("t, n, k", [(1, 16, 256), (6, 48, 768), (17, 32, 2048)])
+def test_q6_k_blocks_times_int8_activations_are_the_rounded_product(t, n, k):
+    """Each half group of 16 k's scaled by its own int8 scale, its codes summed in int16 two steps at a
+    time (pairs of 63 * 127 would overflow in four)."""
+    gen = torch.Generator().manual_seed(t + n + k)
+    rows, w = _q6_k(n, k)
+    x = _activations(t, k, gen)
+    _check(Int8Prompt(x, kernels.library_for(AVX2)).times_q6_k(rows), x, w)
+
+
 @needs_avx2
 def test_outlier_channels_leave_the_other_channels_their_precision():
     """One channel 1000x the others: rounded with them, it would round the other 31 activations of its
@@ -114,16 +137,18 @@ def test_a_tokens_row_is_the_same_whatever_shares_its_call():
     tokens came from the prefix cache get the same rows, bit for bit."""
     gen = torch.Generator().manual_seed(9)
     lib = kernels.library_for(AVX2)
-    packed, pairs, _ = _i4r64(128, 320, gen)
-    rows, _ = _q5_0_in_q8r16(32, 320, gen)
-    x = _activations(11, 320, gen)
+    rows, _ = _q5_0_in_q8r16(32, 512, gen)
+    q6_k, _ = _q6_k(16, 512)
+    packed, pairs, _ = _i4r64(128, 512, gen)
+    x = _activations(11, 512, gen)
     x[2, 17] = 500.0  # one token's outlier that no other token has
     whole = Int8Prompt(x, lib)
-    four, five = whole.times_i4r64(packed, pairs, (0, 128)), whole.times_q5_0(rows)
+    four, five, six = whole.times_i4r64(packed, pairs, (0, 128)), whole.times_q5_0(rows), whole.times_q6_k(q6_k)
     for start, end in [(0, 1), (2, 3), (1, 6), (5, 11)]:
         part = Int8Prompt(x[start:end], lib)
         assert torch.equal(part.times_i4r64(packed, pairs, (0, 128)), four[start:end])
         assert torch.equal(part.times_q5_0(rows), five[start:end])
+        assert torch.equal(part.times_q6_k(q6_k), six[start:end])
 
 
 @needs_avx2
@@ -154,12 +179,15 @@ def test_avx_vnni_makes_the_same_floats_as_plain_avx2():
     assert torch.equal(Int8Prompt(x, vnni).times_i4r64(packed, pairs, (0, 128)),
                        Int8Prompt(x, plain).times_i4r64(packed, pairs, (0, 128)))
     assert torch.equal(Int8Prompt(x, vnni).times_q5_0(rows), Int8Prompt(x, plain).times_q5_0(rows))
+    q6_k, _ = _q6_k(32, 768)
+    x = _activations(9, 768, gen)
+    assert torch.equal(Int8Prompt(x, vnni).times_q6_k(q6_k), Int8Prompt(x, plain).times_q6_k(q6_k))
 
 
 @needs_avx2
 def test_linears_on_plain_avx2_take_the_int8_gemm_for_prompts(monkeypatch):
-    """Int4Linear (one plane, groups of 32) and BlockLinear's widened Q5_0 parts go to the int8 GEMM; a
-    BlockLinear's other parts (Q8_0, Q6_K) beside them keep the float GEMM, each part in its place."""
+    """Int4Linear (one plane, groups of 32) and BlockLinear's widened Q5_0 and Q6_K parts go to the int8
+    GEMM; a BlockLinear's other parts (Q8_0) beside them keep the float GEMM, each part in its place."""
     import random
 
     from edgellm.kernels import build, isa
@@ -184,7 +212,11 @@ def test_linears_on_plain_avx2_take_the_int8_gemm_for_prompts(monkeypatch):
         assert [p.q5_0 for p in linear.parts] == [True, False, True, False]
         x = _activations(40, 256, gen)
         w = torch.cat(weights)
+        q6_k_calls = []
+        times_q6_k = Int8Prompt.times_q6_k
+        monkeypatch.setattr(Int8Prompt, "times_q6_k", lambda self, *a, **kw: q6_k_calls.append(1) or times_q6_k(self, *a, **kw))
         y = linear(x)
+        assert q6_k_calls == [1]
         fp = x.double() @ w.T
         assert ((y.double() - fp).abs() <= 3e-2 * fp.abs().amax(dim=1, keepdim=True)).all()
         float_rows = slice(64, 96)  # the Q8_0 part: dequantized, fp32 GEMM

@@ -59,6 +59,7 @@ _SIGNATURES = {
     "edgellm_int8_act_bytes": (_i64, [_i64, _i64]),
     "edgellm_int8_pack_i4r64": (None, [_p, _p, _i64, _i64, _i64, _i64, _p, _i]),
     "edgellm_int8_pack_q8r16": (None, [_p, _i64, _i64, _p, _i]),
+    "edgellm_int8_pack_q6_k": (None, [_p, _i64, _i64, _p, _i]),
     "edgellm_int8_quantize": (_i64, [_p, _i64, _i64, _i, _p, _p, _p, _p, _i]),
     "edgellm_argmax": (_i64, [_p, _i64]),
     "edgellm_exp_sum": (_f64, [_p, _i64, _f32, _f32]),

@@ -3,9 +3,11 @@
    makes 8 products and `vpmaddubsw` 32 (unsigned byte by signed byte, summed in pairs to int16), or
    AVX-VNNI's `vpdpbusd` 32 summed straight into int32 lanes.
 
-   The weights stay exactly what the model holds: 4-bit I4R64 codes (q in 0..15) or Q5_0 values held
-   as Q8_0 / Q8R16 blocks (q + 16 in 0..31), each group of 32 k's of a row an affine map
-     w = scale * q + zero          (I4R64: zero = its zero - 8 scale; Q5_0: scale = d, zero = -16 d)
+   The weights stay exactly what the model holds: 4-bit I4R64 codes (q in 0..15), Q5_0 values held
+   as Q8_0 / Q8R16 blocks (q + 16 in 0..31) or a GGUF file's Q6_K blocks (q in 0..63), each group of
+   32 k's of a row an affine map (Q6_K: each half of 16 its own)
+     w = scale * q + zero          (I4R64: zero = its zero - 8 scale; Q5_0: scale = d, zero = -16 d;
+                                    Q6_K: scale = d * its int8 scale, zero = -32 scale)
    Only the activations are rounded, per token and group of 32, to int8 (llama.cpp's Q8 blocks):
      qx = round(x / sx),  sx = max |x| / 127
    except each token's OUTLIERS largest |x|: a channel that carries an outlier would round the other
@@ -17,13 +19,15 @@
    with xsum[t][g] = sx[t][g] * sum_{k in g} qx[t][k] (quantize_row says why). Every term is a token's
    own, summed in a fixed order: a token's row is the same whatever tokens share its call (a prompt
    computed whole or after a cached prefix gets the same KV). Pair sums of q * qx are at most
-   2 * 31 * 127 = 7874, so int16 holds 4 of them (31,496), 8 for 4-bit codes (30,480): the products
-   are summed in int16 for half a group (a whole one for 4 bits), widened to int32, and the group's
-   sum scaled once (5-bit codes 6-8 % faster than scaling each half).
+   2 * 31 * 127 = 7874, so int16 holds 4 of them (31,496), 8 for 4-bit codes (30,480), 2 for 6-bit
+   (2 * 16,002): the products are summed in int16 for half a group (a whole one for 4 bits, a quarter
+   for 6), widened to int32, and the group's sum scaled once (5-bit codes 6-8 % faster than scaling
+   each half), Q6_K's each half's.
 
    The weight is packed per call into strips of 16 rows: per group, 8 steps of 4 k's, each 16 words of
    4 codes (row r's q[k .. k + 3]) that one vpmaddubsw multiplies against a broadcast word of 4
-   activations; then the strip's 16 scales and 16 zeros of the group. A tile is 16 rows x 4 tokens. */
+   activations; then the strip's 16 scales and 16 zeros of the group (Q6_K: of its first half, then of
+   its second). A tile is 16 rows x 4 tokens. */
 #include <stdlib.h>
 
 #include "simd.h"
@@ -35,11 +39,12 @@
 #define I8_MAX_OUTLIERS 16  /* per token, at most */
 #define STEP_BYTES (4 * I8_STRIP)           /* 4 k's of a strip's 16 rows */
 #define GROUP_BYTES (8 * STEP_BYTES)        /* a group's codes of a strip */
-#define GROUP_FLOATS (2 * I8_STRIP)         /* a group's scales and zeros of a strip */
-#define GROUP_STRIDE (GROUP_BYTES + 4 * GROUP_FLOATS)  /* a group of a strip in the panel: codes, then floats */
+#define GROUP_FLOATS (2 * I8_STRIP)         /* a group's (or a Q6_K half group's) scales and zeros of a strip */
+#define GROUP_STRIDE (GROUP_BYTES + 2 * 4 * GROUP_FLOATS)  /* a group of a strip in the panel: codes, then floats */
+#define STATS 4                             /* floats per token and group: sx, xsum, and xsum of each half */
 
-/* A token's quantized row: k int8, then per group (sx, xsum); 32-byte aligned. */
-static int64_t row_bytes(int64_t k) { return (k + 8 * (k / I8_GROUP) + 31) / 32 * 32; }
+/* A token's quantized row: k int8, then per group its STATS; 32-byte aligned. */
+static int64_t row_bytes(int64_t k) { return (k + 4 * STATS * (k / I8_GROUP) + 31) / 32 * 32; }
 
 #if EDGELLM_AVX2
 #define I8_NATIVE 1
@@ -121,6 +126,36 @@ static void pack_q8r16_group(const uint8_t *rows, int64_t k, int64_t s, int64_t 
     }
 }
 
+/* Strip s (16 rows) of a GGUF file's Q6_K rows (k / 256 blocks of 210 bytes: block_gemv.c), group g: codes q in
+   0..63; the scales and zeros of its first 16 k's, then of its last 16. Group c = g % 8 of a block is chunk
+   c % 4 of its half c / 4: ql bytes 32 (c & 1) .. + 32 of the half's 64, low nibbles for c % 4 < 2 else high,
+   with bits 2 (c % 4) .. + 1 of the half's 32 qh bytes above them. */
+static void pack_q6_k_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g, uint8_t *codes, float *sz) {
+    int64_t row_size = k / 256 * 210;
+    int c = (int)(g % 8), quarter = c % 4;
+    uint32_t words[I8_STRIP][8];  /* row j's 32 codes, 4 to a word */
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
+    for (int j = 0; j < I8_STRIP; j++) {
+        const uint8_t *blk = rows + (s * I8_STRIP + j) * row_size + (g / 8) * 210;
+        const uint8_t *ql = blk + 64 * (c / 4) + 32 * (quarter & 1), *qh = blk + 128 + 32 * (c / 4);
+        __m256i lo = _mm256_loadu_si256((const __m256i *)ql);
+        lo = _mm256_and_si256(quarter < 2 ? lo : _mm256_srli_epi16(lo, 4), low4);
+        __m256i hi = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh),
+                                                       _mm_cvtsi32_si128(2 * quarter)), low2);
+        __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  /* no bit crosses a byte: the masks came first */
+        _mm256_storeu_si256((__m256i *)words[j], q);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        float d = f16_to_f32((uint16_t)(blk[208] | blk[209] << 8));
+        for (int half = 0; half < 2; half++) {
+            float scale = d * (float)sc[2 * c + half];  /* exact: 11 by 8 bits */
+            sz[half * GROUP_FLOATS + j] = scale;
+            sz[half * GROUP_FLOATS + I8_STRIP + j] = -32.f * scale;
+        }
+    }
+    for (int p = 0; p < 8; p++)  /* step p: word p of each row */
+        for (int j = 0; j < I8_STRIP; j++) memcpy(codes + p * STEP_BYTES + 4 * j, &words[j][p], 4);
+}
+
 /* round(v * inv) of 32 floats as int8 in their order (|v * inv| <= 127 never saturates). */
 static inline __m256i bytes32(__m256 a, __m256 b, __m256 c, __m256 d, __m256 inv) {
     __m256i ia = _mm256_cvtps_epi32(_mm256_mul_ps(a, inv)), ib = _mm256_cvtps_epi32(_mm256_mul_ps(b, inv));
@@ -147,8 +182,11 @@ static void quantize_row(const float *x, int64_t k, int8_t *qx, float *stats) {
             v[i] = vf_round(_mm256_mul_ps(v[i], inv));  /* the codes, as floats: converting them is exact */
             sum = _mm256_add_ps(sum, v[i]);
         }
-        stats[2 * g] = sx;
-        stats[2 * g + 1] = sx * vf_sum(sum);
+        float *st = stats + STATS * g;
+        st[0] = sx;
+        st[1] = sx * vf_sum(sum);
+        st[2] = sx * vf_sum(_mm256_add_ps(v[0], v[1]));  /* exact integers until the scale: Q6_K's halves */
+        st[3] = sx * vf_sum(_mm256_add_ps(v[2], v[3]));
         _mm256_storeu_si256((__m256i *)(qx + g * I8_GROUP), bytes32(v[0], v[1], v[2], v[3], _mm256_set1_ps(1.f)));
     }
 }
@@ -164,12 +202,13 @@ typedef struct {
 
 /* cols (u, 16) = the strip's 16 rows of columns `channels` (u of them), w = scale * q + zero: computed once
    a strip for all its tiles (a quarter to a half of K, measured: many tokens have outliers of their own). */
-static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t u, float *cols) {
+static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t u, int halves, float *cols) {
     for (int64_t j = 0; j < u; j++) {
         int c = channels[j];
         const uint8_t *group = strip + (c / I8_GROUP) * GROUP_STRIDE;
         const uint8_t *step = group + ((c % I8_GROUP) / 4) * STEP_BYTES;
-        const float *scale = (const float *)(group + GROUP_BYTES), *zero = scale + I8_STRIP;
+        const float *scale = (const float *)(group + GROUP_BYTES) + (halves && c % I8_GROUP >= 16 ? GROUP_FLOATS : 0);
+        const float *zero = scale + I8_STRIP;
         __m128i shift = _mm_cvtsi32_si128(8 * (c % 4));  /* row r's code for c: byte c % 4 of word r */
         for (int h = 0; h < 2; h++) {
             __m256i words = _mm256_loadu_si256((const __m256i *)(step + 32 * h));
@@ -180,48 +219,66 @@ static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t
     }
 }
 
+/* acc[i] += the int32 sums of steps [p_begin, p_end) of group g for the tt tokens, times scale * sx */
+ALWAYS_INLINE void group_dots(const uint8_t *w, const float *scale, const uint8_t *act, int64_t rb, int64_t k,
+                              int64_t g, int tt, int steps, int p_begin, int p_end, __m256 acc[][2]) {
+    __m256i dot[I8_TILE][2];
+    for (int p0 = p_begin; p0 < p_end; p0 += steps) {
+        __m256i sums[I8_TILE][2];
+        for (int i = 0; i < tt; i++) sums[i][0] = sums[i][1] = _mm256_setzero_si256();
+        for (int p = p0; p < p0 + steps; p++) {
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES));
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES + 32));
+            for (int i = 0; i < tt; i++) {
+                int32_t word;  /* activations 4p .. 4p + 3 of group g */
+                memcpy(&word, act + i * rb + g * I8_GROUP + 4 * p, 4);
+                __m256i x4 = _mm256_set1_epi32(word);
+                sums[i][0] = dot_acc(sums[i][0], w0, x4);
+                sums[i][1] = dot_acc(sums[i][1], w1, x4);
+            }
+        }
+        for (int i = 0; i < tt; i++)
+            for (int h = 0; h < 2; h++) {
+                __m256i wide = widen(sums[i][h]);
+                dot[i][h] = p0 > p_begin ? _mm256_add_epi32(dot[i][h], wide) : wide;
+            }
+    }
+    for (int i = 0; i < tt; i++) {
+        __m256 sx = _mm256_set1_ps(((const float *)(act + i * rb + k))[STATS * g]);
+        for (int h = 0; h < 2; h++)
+            acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * h), sx),
+                                        acc[i][h]);
+    }
+}
+
+/* acc[i] += zero * xsum for the tt tokens: a group's (halves = 0) or each half's (Q6_K) */
+ALWAYS_INLINE void add_zeros(__m256 acc[][2], const float *floats, const uint8_t *act, int64_t rb, int64_t k,
+                             int64_t g, int tt, int halves) {
+    for (int i = 0; i < tt; i++) {
+        const float *stats = (const float *)(act + i * rb + k) + STATS * g;
+        for (int half = 0; half <= halves; half++) {
+            const float *zero = floats + half * GROUP_FLOATS + I8_STRIP;
+            __m256 xsum = _mm256_set1_ps(stats[halves ? 2 + half : 1]);
+            acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(zero), xsum, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(zero + 8), xsum, acc[i][1]);
+        }
+    }
+}
+
 /* out[t][0..16) for tt <= I8_TILE tokens (rows of rb bytes from act) of one strip; the products of
    `steps` 4-k steps are summed (in int16 without AVX-VNNI) before they are widened (8 for 4-bit codes,
-   4 for 5-bit). */
+   4 for 5-bit, 2 for 6-bit); with `halves` (Q6_K) each half group's sum is scaled on its own. */
 ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o,
-                        float *out, int64_t ldo, int tt, int steps) {
+                        float *out, int64_t ldo, int tt, int steps, int halves) {
     __m256 acc[I8_TILE][2];
     for (int i = 0; i < tt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
         const uint8_t *w = codes + g * GROUP_STRIDE;
-        const float *scale = (const float *)(w + GROUP_BYTES), *zero = scale + I8_STRIP;
-        __m256 ss[I8_TILE][2];
-        for (int i = 0; i < tt; i++) {
-            const float *stats = (const float *)(act + i * rb + k) + 2 * g;
-            __m256 sx = _mm256_set1_ps(stats[0]), xsum = _mm256_set1_ps(stats[1]);
-            ss[i][0] = _mm256_mul_ps(_mm256_loadu_ps(scale), sx);
-            ss[i][1] = _mm256_mul_ps(_mm256_loadu_ps(scale + 8), sx);
-            acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(zero), xsum, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(zero + 8), xsum, acc[i][1]);
-        }
-        __m256i dot[I8_TILE][2];  /* the group's int32 sums: two halves' for 5-bit codes */
-        for (int p0 = 0; p0 < 8; p0 += steps) {
-            __m256i sums[I8_TILE][2];
-            for (int i = 0; i < tt; i++) sums[i][0] = sums[i][1] = _mm256_setzero_si256();
-            for (int p = p0; p < p0 + steps; p++) {
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES));
-                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES + 32));
-                for (int i = 0; i < tt; i++) {
-                    int32_t word;  /* activations 4p .. 4p + 3 of group g */
-                    memcpy(&word, act + i * rb + g * I8_GROUP + 4 * p, 4);
-                    __m256i x4 = _mm256_set1_epi32(word);
-                    sums[i][0] = dot_acc(sums[i][0], w0, x4);
-                    sums[i][1] = dot_acc(sums[i][1], w1, x4);
-                }
-            }
-            for (int i = 0; i < tt; i++)
-                for (int h = 0; h < 2; h++) {
-                    __m256i wide = widen(sums[i][h]);
-                    dot[i][h] = p0 ? _mm256_add_epi32(dot[i][h], wide) : wide;
-                }
-        }
-        for (int i = 0; i < tt; i++)
-            for (int h = 0; h < 2; h++) acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), ss[i][h], acc[i][h]);
+        const float *floats = (const float *)(w + GROUP_BYTES);
+        add_zeros(acc, floats, act, rb, k, g, tt, halves);
+        for (int half = 0; half <= halves; half++)
+            group_dots(w, floats + half * GROUP_FLOATS, act, rb, k, g, tt, steps, halves ? 4 * half : 0,
+                       halves ? 4 * half + 4 : 8, acc);
     }
     for (int i = 0; i < tt; i++) {
         for (int j = 0; j < o->r; j++) {
@@ -238,21 +295,28 @@ ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, in
 /* one instance per token count and code width, so that the accumulators stay in registers */
 static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o, float *out,
                      int64_t ldo, int tt, int bits) {
-#define I8_TILES(steps)                                                   \
-    switch (tt) {                                                         \
-    case 4: tile(codes, act, rb, k, o, out, ldo, 4, steps); break;       \
-    case 3: tile(codes, act, rb, k, o, out, ldo, 3, steps); break;       \
-    case 2: tile(codes, act, rb, k, o, out, ldo, 2, steps); break;       \
-    default: tile(codes, act, rb, k, o, out, ldo, 1, steps); break;      \
+#define I8_TILES(steps, halves)                                                   \
+    switch (tt) {                                                                 \
+    case 4: tile(codes, act, rb, k, o, out, ldo, 4, steps, halves); break;       \
+    case 3: tile(codes, act, rb, k, o, out, ldo, 3, steps, halves); break;       \
+    case 2: tile(codes, act, rb, k, o, out, ldo, 2, steps, halves); break;       \
+    default: tile(codes, act, rb, k, o, out, ldo, 1, steps, halves); break;      \
     }
 #ifdef __AVXVNNI__
-    bits = 4;  /* int32 sums: a whole group between widenings whatever the codes' width */
-#endif
-    if (bits <= 4) {
-        I8_TILES(8)
-    } else {
-        I8_TILES(4)
+    if (bits == 6) {  /* int32 sums: a whole half between widenings */
+        I8_TILES(4, 1)
+    } else {  /* a whole group */
+        I8_TILES(8, 0)
     }
+#else
+    if (bits <= 4) {
+        I8_TILES(8, 0)
+    } else if (bits == 5) {
+        I8_TILES(4, 0)
+    } else {
+        I8_TILES(2, 1)
+    }
+#endif
 #undef I8_TILES
 }
 #endif
@@ -271,13 +335,14 @@ int64_t edgellm_int8_panel_bytes(int64_t n, int64_t k) { return (n / I8_STRIP) *
 int64_t edgellm_int8_act_bytes(int64_t t, int64_t k) { return t * row_bytes(k); }
 
 #ifdef I8_NATIVE
-/* Strips of 16 rows, a group at a time, from I4R64 codes (rows row0 .. row0 + rows of its n, scale_zero beside)
-   or from Q8R16 blocks holding Q5_0 values (scale_zero NULL, row0 0). */
+/* Strips of 16 rows, a group at a time, from I4R64 codes (rows row0 .. row0 + rows of its n, scale_zero beside),
+   from Q8R16 blocks holding Q5_0 values or from Q6_K rows (scale_zero NULL, row0 0). */
 typedef struct {
     const uint8_t *src;
     const uint16_t *scale_zero;
     int64_t n, k, row0, groups;
     uint8_t *panel;
+    int q6_k;
 } PackPanel;
 
 /* Jobs [j0, j1) of (strip, group). */
@@ -289,14 +354,16 @@ static void pack_groups(void *p, int64_t j0, int64_t j1) {
         float *sz = (float *)(codes + GROUP_BYTES);
         if (a->scale_zero != NULL)
             pack_i4r64_group(a->src, a->scale_zero, a->n, a->k, a->row0 + s * I8_STRIP, g, codes, sz);
+        else if (a->q6_k)
+            pack_q6_k_group(a->src, a->k, s, g, codes, sz);
         else
             pack_q8r16_group(a->src, a->k, s, g, codes, sz);
     }
 }
 
 static void pack_panel(const uint8_t *src, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t row0,
-                       int64_t rows, uint8_t *panel, int threads) {
-    PackPanel a = {src, scale_zero, n, k, row0, k / I8_GROUP, panel};
+                       int64_t rows, uint8_t *panel, int q6_k, int threads) {
+    PackPanel a = {src, scale_zero, n, k, row0, k / I8_GROUP, panel, q6_k};
     team_for(rows / I8_STRIP * a.groups, threads, pack_groups, &a);
 }
 #endif
@@ -306,7 +373,7 @@ static void pack_panel(const uint8_t *src, const uint16_t *scale_zero, int64_t n
 void edgellm_int8_pack_i4r64(const uint8_t *packed, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t row0,
                              int64_t rows, void *panel, int threads) {
 #ifdef I8_NATIVE
-    pack_panel(packed, scale_zero, n, k, row0, rows, (uint8_t *)panel, threads);
+    pack_panel(packed, scale_zero, n, k, row0, rows, (uint8_t *)panel, 0, threads);
 #else
     (void)packed, (void)scale_zero, (void)n, (void)k, (void)row0, (void)rows, (void)panel, (void)threads;
 #endif
@@ -315,7 +382,16 @@ void edgellm_int8_pack_i4r64(const uint8_t *packed, const uint16_t *scale_zero, 
 /* Pack n rows of Q8R16 blocks whose values are Q5_0's (-16..15: q5_0_as_q8_0's output). */
 void edgellm_int8_pack_q8r16(const uint8_t *rows, int64_t n, int64_t k, void *panel, int threads) {
 #ifdef I8_NATIVE
-    pack_panel(rows, NULL, n, k, 0, n, (uint8_t *)panel, threads);
+    pack_panel(rows, NULL, n, k, 0, n, (uint8_t *)panel, 0, threads);
+#else
+    (void)rows, (void)n, (void)k, (void)panel, (void)threads;
+#endif
+}
+
+/* Pack n rows of a GGUF file's Q6_K blocks (k % 256 == 0, n % 16 == 0). */
+void edgellm_int8_pack_q6_k(const uint8_t *rows, int64_t n, int64_t k, void *panel, int threads) {
+#ifdef I8_NATIVE
+    pack_panel(rows, NULL, n, k, 0, n, (uint8_t *)panel, 1, threads);
 #else
     (void)rows, (void)n, (void)k, (void)panel, (void)threads;
 #endif
@@ -450,7 +526,7 @@ static void gemm_strips(void *p, int thread, int threads) {
     float *cols = (float *)aligned_alloc(32, (size_t)(a->u > 0 ? a->u : 1) * I8_STRIP * 4);
     for (int64_t s = s0; s < s1; s++) {
         const uint8_t *strip = (const uint8_t *)a->panel + s * strip_bytes;
-        strip_columns(strip, a->channels, a->u, cols);
+        strip_columns(strip, a->channels, a->u, a->bits == 6, cols);
         for (int64_t t0 = 0; t0 < a->t; t0 += I8_TILE) {
             Outliers o = {cols, a->at + t0 * a->r, a->values + t0 * a->r, a->r};
             tile_any(strip, a->rows + t0 * rb, rb, a->k, &o, a->out + t0 * a->ldo + s * I8_STRIP, a->ldo,
@@ -463,7 +539,7 @@ static void gemm_strips(void *p, int thread, int threads) {
 
 /* out (t, n), row stride ldo, = the quantized activations times the packed (n, k) weight, transposed, plus
    each token's r outliers (values (t, r)) times their weight columns: channels[at[i][j]] of the u
-   `channels`. bits: the codes' width (4: I4R64, 5: Q5_0). A strip at a time per thread, all tokens. */
+   `channels`. bits: the codes' width (4: I4R64, 5: Q5_0, 6: Q6_K). A strip at a time per thread, all tokens. */
 void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel, int64_t n, int bits, float *out,
                        int64_t ldo, const int32_t *channels, int64_t u, const int32_t *at, const float *values, int r,
                        int threads) {

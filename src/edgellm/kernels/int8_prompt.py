@@ -1,6 +1,6 @@
 """A prompt's GEMMs in 8-bit integers on AVX2 CPUs without native bf16 (int8_gemm.c: `vpmaddubsw`, or
 AVX-VNNI's `vpdpbusd`, the same integers): the weights multiplied exactly as the model holds them
-(4-bit I4R64 codes, Q5_0 values in Q8R16 blocks), the activations rounded to int8 per token and group
+(4-bit I4R64 codes, Q5_0 values in Q8R16 blocks, a file's Q6_K blocks), the activations rounded to int8 per token and group
 of 32, except each token's OUTLIERS largest values, which are multiplied in fp32 beside. A token's
 result depends on its own activations only, whatever else shares the call.
 
@@ -91,3 +91,14 @@ class Int8Prompt:
         with profiled("edgellm::int8_pack"):
             self.lib.edgellm_int8_pack_q8r16(rows.data_ptr(), n, self.k, panel.data_ptr(), self.threads)
         return self._times(panel, n, 5, out)
+
+    def times_q6_k(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(T, N): N rows of a GGUF file's Q6_K blocks (K % 256 == 0, N % 16 == 0); into `out` as times_i4r64."""
+        n = rows.shape[0]
+        if rows.dtype != torch.uint8 or n % STRIP or self.k % 256 or rows.shape[1] != self.k // 256 * 210:
+            raise ValueError(f"Q6_K rows for K = {self.k} must be ({n}, {self.k // 256 * 210}) uint8, N % {STRIP} == 0, "
+                             f"K % 256 == 0")
+        rows, panel = rows.contiguous(), self._panel(n)
+        with profiled("edgellm::int8_pack"):
+            self.lib.edgellm_int8_pack_q6_k(rows.data_ptr(), n, self.k, panel.data_ptr(), self.threads)
+        return self._times(panel, n, 6, out)

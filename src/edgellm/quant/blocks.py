@@ -118,18 +118,23 @@ class BlockLinear(nn.Module):
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y.reshape(*lead, self.out_features)
 
+    def _int8(self, part: BlockPart) -> bool:
+        """Whether the int8 prompt GEMM takes the part: widened Q5_0, or Q6_K in whole strips of 16 rows."""
+        return part.q5_0 or (part.type == GGMLType.Q6_K and part.rows.shape[0] % 16 == 0 and self.in_features % 256 == 0)
+
     def _prompt(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each part's product with a prompt's rows: widened Q5_0 parts in the int8 GEMM where this build has
-        it (kernels/int8_prompt.py), written in place into one output, the others (or all) dequantized for
-        the float GEMM."""
-        if x.dtype != torch.float32 or not any(p.q5_0 for p in self.parts) or not kernels.int8_gemm_native():
+        """Each part's product with a prompt's rows: widened Q5_0 and Q6_K parts in the int8 GEMM where this
+        build has it (kernels/int8_prompt.py), written in place into one output, the others (or all)
+        dequantized for the float GEMM."""
+        if x.dtype != torch.float32 or not any(map(self._int8, self.parts)) or not kernels.int8_gemm_native():
             return [kernels.prompt_matmul(x, self._dequantized(chunk)) for chunk in self._chunks(self.parts)]
         int8, y, column = kernels.Int8Prompt(x), torch.empty(x.shape[0], self.out_features), 0
-        for q5_0, parts in groupby(self.parts, key=lambda p: p.q5_0):
-            if q5_0:
+        for integer, parts in groupby(self.parts, key=self._int8):
+            if integer:
                 for piece in self._pieces(list(parts)):
                     n = piece.rows.shape[0]
-                    int8.times_q5_0(piece.rows, out=y[:, column:column + n])
+                    times = int8.times_q5_0 if piece.q5_0 else int8.times_q6_k
+                    times(piece.rows, out=y[:, column:column + n])
                     column += n
             else:
                 for chunk in self._chunks(list(parts)):
