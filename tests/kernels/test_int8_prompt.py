@@ -231,3 +231,23 @@ def test_linears_on_plain_avx2_take_the_int8_gemm_for_prompts(monkeypatch):
     finally:
         isa.selected.cache_clear()
         build.library.cache_clear()
+
+
+@needs_avx2
+@pytest.mark.parametrize("k", [32, 64, 2048])
+def test_each_tokens_outliers_are_its_largest_values_wherever_they_sit(k):
+    """The outliers are found from the groups' maxima: all 8 in one group, spread one a group, in a row
+    of fewer groups than outliers, or a row of zeros, each token's are its own 8 largest |x|."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(5, k, generator=gen)
+    x[0, :8] = torch.arange(8) * 10.0 + 100.0  # all in the first group
+    x[1, torch.arange(8) * (k // 8)] = -300.0 - torch.arange(8)  # spread, negative
+    x[2, -8:] *= 50.0  # all in the last group
+    x[3] = 0.0
+    quantized = Int8Prompt(x, kernels.library_for(AVX2))
+    chosen = quantized.channels[quantized.at.long()]
+    for token in range(3):
+        assert set(chosen[token].tolist()) == set(x[token].abs().topk(OUTLIERS).indices.tolist())
+        assert torch.equal(quantized.values[token], x[token, chosen[token].long()])
+    for token in range(5):
+        assert chosen[token].tolist() == sorted(chosen[token].tolist())  # ascending: a fixed order for their sum

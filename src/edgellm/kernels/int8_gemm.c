@@ -165,30 +165,31 @@ static inline __m256i bytes32(__m256 a, __m256 b, __m256 c, __m256 d, __m256 inv
     return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* One token's activations (its outliers zeroed) -> int8 codes, sx and xsum per group.
-   xsum is the sum of the rounded activations (sx * sum qx), not of x: then the zeros meet the same
-   activations as the codes, and the rounding's error is (qx sx - x) w, not (qx sx - x)(w - zero), which
-   is ~2x larger for codes 0..15 (SmolLM2's logits moved 3.5 instead of 1.1 on a chat prompt). */
-static void quantize_row(const float *x, int64_t k, int8_t *qx, float *stats) {
-    for (int64_t g = 0; g < k / I8_GROUP; g++) {
-        __m256 v[4], m = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(x + g * I8_GROUP + 8 * i);
-            m = _mm256_max_ps(m, vf_abs(v[i]));
-        }
-        float amax = vf_hmax(m), sx = amax > 0.f ? amax / X_MAX : 1.f;
-        __m256 inv = _mm256_set1_ps(amax > 0.f ? X_MAX / amax : 0.f);
-        for (int i = 0; i < 4; i++) {
-            v[i] = vf_round(_mm256_mul_ps(v[i], inv));  /* the codes, as floats: converting them is exact */
-            sum = _mm256_add_ps(sum, v[i]);
-        }
-        float *st = stats + STATS * g;
-        st[0] = sx;
-        st[1] = sx * vf_sum(sum);
-        st[2] = sx * vf_sum(_mm256_add_ps(v[0], v[1]));  /* exact integers until the scale: Q6_K's halves */
-        st[3] = sx * vf_sum(_mm256_add_ps(v[2], v[3]));
-        _mm256_storeu_si256((__m256i *)(qx + g * I8_GROUP), bytes32(v[0], v[1], v[2], v[3], _mm256_set1_ps(1.f)));
+/* The largest |x| of a group of 32. */
+static inline float group_amax(const float *x) {
+    __m256 m = vf_abs(_mm256_loadu_ps(x));
+    for (int i = 1; i < 4; i++) m = _mm256_max_ps(m, vf_abs(_mm256_loadu_ps(x + 8 * i)));
+    return vf_hmax(m);
+}
+
+/* One group of a token's activations (its outliers zeroed), whose largest |x| is amax -> 32 int8 codes
+   and the group's STATS. xsum is the sum of the rounded activations (sx * sum qx), not of x: then the
+   zeros meet the same activations as the codes, and the rounding's error is (qx sx - x) w, not
+   (qx sx - x)(w - zero), which is ~2x larger for codes 0..15 (SmolLM2's logits moved 3.5 instead of 1.1
+   on a chat prompt). */
+static inline void quantize_group(const float *x, float amax, int8_t *qx, float *st) {
+    __m256 v[4], sum = _mm256_setzero_ps();
+    float sx = amax > 0.f ? amax / X_MAX : 1.f;
+    __m256 inv = _mm256_set1_ps(amax > 0.f ? X_MAX / amax : 0.f);
+    for (int i = 0; i < 4; i++) {
+        v[i] = vf_round(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv));  /* the codes, as floats: converting them is exact */
+        sum = _mm256_add_ps(sum, v[i]);
     }
+    st[0] = sx;
+    st[1] = sx * vf_sum(sum);
+    st[2] = sx * vf_sum(_mm256_add_ps(v[0], v[1]));  /* exact integers until the scale: Q6_K's halves */
+    st[3] = sx * vf_sum(_mm256_add_ps(v[2], v[3]));
+    _mm256_storeu_si256((__m256i *)qx, bytes32(v[0], v[1], v[2], v[3], _mm256_set1_ps(1.f)));
 }
 
 /* The fp32 part of a tile: token i's r outliers (values) times their weight columns, 16 rows of the strip
@@ -411,28 +412,25 @@ static inline int keep_largest(float *best, int32_t *channels, int n, int r, flo
     return n;
 }
 
-/* The r largest |x[j]| of one token's row (0 < r <= k, k % 8 == 0), in ascending channel order: its
-   outliers. The row falls into k / 8 parts (lane l of 8 consecutive vectors); each of the r parts with the
-   largest maxima holds a value >= the r-th largest of those maxima, so that value bounds the r-th
-   largest |x| from below: one pass finds it (a vmaxps a vector), a second takes the few values at or
-   above it. */
-static void largest(const float *x, int64_t k, int r, int32_t *channels) {
-    float best[I8_MAX_OUTLIERS], maxima[8] __attribute__((aligned(32)));
+/* The r largest |x[j]| of one token's row (0 < r <= k), in ascending channel order: its outliers, found
+   from the groups' largest values `amax` (k / 32 of them). Every one of the r largest |x| lies in a
+   group whose maximum is at least the r-th largest group maximum (else r larger values, one in each of
+   r other groups, would outrank it), so only those groups (r of them, bar ties) are searched. */
+static void largest(const float *x, int64_t k, int r, const float *amax, int32_t *channels) {
+    float best[I8_MAX_OUTLIERS];
     int n = 0;
-    for (int64_t j0 = 0; j0 < k; j0 += 64) {
-        __m256 m = vf_abs(_mm256_loadu_ps(x + j0));
-        for (int64_t j = j0 + 8; j < j0 + 64 && j < k; j += 8) m = _mm256_max_ps(m, vf_abs(_mm256_loadu_ps(x + j)));
-        if (n == r && !_mm256_movemask_ps(_mm256_cmp_ps(m, _mm256_set1_ps(best[r - 1]), _CMP_GT_OQ))) continue;
-        _mm256_store_ps(maxima, m);
-        for (int b = 0; b < 8; b++) n = keep_largest(best, channels, n, r, maxima[b], 0);
-    }
-    __m256 floor = _mm256_set1_ps(n == r ? best[r - 1] : 0.f);  /* fewer than r parts: every value */
+    for (int64_t g = 0; g < k / I8_GROUP; g++) n = keep_largest(best, channels, n, r, amax[g], 0);
+    float floor = n == r ? best[r - 1] : 0.f;  /* fewer groups than r: every value */
+    __m256 vfloor = _mm256_set1_ps(floor);
     n = 0;
-    for (int64_t j0 = 0; j0 < k; j0 += 8) {
-        __m256 a = vf_abs(_mm256_loadu_ps(x + j0));
-        for (int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, floor, _CMP_GE_OQ)); mask; mask &= mask - 1) {
-            int64_t j = j0 + __builtin_ctz(mask);
-            n = keep_largest(best, channels, n, r, fabsf(x[j]), (int32_t)j);
+    for (int64_t g = 0; g < k / I8_GROUP; g++) {
+        if (amax[g] < floor) continue;
+        for (int64_t j0 = g * I8_GROUP; j0 < (g + 1) * I8_GROUP; j0 += 8) {
+            __m256 a = vf_abs(_mm256_loadu_ps(x + j0));
+            for (int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, vfloor, _CMP_GE_OQ)); mask; mask &= mask - 1) {
+                int64_t j = j0 + __builtin_ctz(mask);
+                n = keep_largest(best, channels, n, r, fabsf(x[j]), (int32_t)j);
+            }
         }
     }
     for (int i = 1; i < r; i++)  /* ascending channels: a fixed order for their fp32 sum */
@@ -455,24 +453,37 @@ typedef struct {
     float *values;
 } Quantize;
 
-/* A thread's share of the tokens, through a copy of each row its outliers are zeroed in. */
+/* One token's row: its r outliers (channels ascending in at, their values) and the int8 codes of the rest;
+   only the groups that hold an outlier are copied, to zero it. amax: k / 32 floats of scratch. */
+static void quantize_token(const float *x, int64_t k, int r, int32_t *at, float *values, uint8_t *row, float *amax) {
+    int8_t *qx = (int8_t *)row;
+    float *stats = (float *)(row + k);
+    for (int64_t g = 0; g < k / I8_GROUP; g++) amax[g] = group_amax(x + g * I8_GROUP);
+    if (r > 0) largest(x, k, r, amax, at);
+    for (int j = 0; j < r; j++) values[j] = x[at[j]];
+    for (int64_t g = 0, o = 0; g < k / I8_GROUP; g++) {
+        const float *group = x + g * I8_GROUP;
+        float zeroed[I8_GROUP];
+        if (o < r && at[o] / I8_GROUP == g) {
+            memcpy(zeroed, group, sizeof zeroed);
+            for (; o < r && at[o] / I8_GROUP == g; o++) zeroed[at[o] % I8_GROUP] = 0.f;
+            quantize_group(zeroed, group_amax(zeroed), qx + g * I8_GROUP, stats + STATS * g);
+        } else {
+            quantize_group(group, amax[g], qx + g * I8_GROUP, stats + STATS * g);
+        }
+    }
+}
+
+/* A thread's share of the tokens. */
 static void quantize_rows(void *p, int thread, int threads) {
     const Quantize *a = p;
     int64_t i0, i1, k = a->k;
-    int r = a->r;
     pool_share(a->t, thread, threads, &i0, &i1);
     if (i0 >= i1) return;
-    float *row = (float *)aligned_alloc(32, (size_t)(k * 4 + 31) / 32 * 32);
-    for (int64_t i = i0; i < i1; i++) {
-        memcpy(row, a->x + i * k, (size_t)k * 4);
-        if (r > 0) largest(row, k, r, a->at + i * r);
-        for (int j = 0; j < r; j++) {
-            a->values[i * r + j] = row[a->at[i * r + j]];
-            row[a->at[i * r + j]] = 0.f;
-        }
-        quantize_row(row, k, (int8_t *)(a->rows + i * a->rb), (float *)(a->rows + i * a->rb + k));
-    }
-    free(row);
+    float *amax = (float *)malloc((size_t)(k / I8_GROUP) * sizeof(float));
+    for (int64_t i = i0; i < i1; i++)
+        quantize_token(a->x + i * k, k, a->r, a->at + i * a->r, a->values + i * a->r, a->rows + i * a->rb, amax);
+    free(amax);
 }
 #endif
 
