@@ -357,3 +357,36 @@ def test_a_finished_sequence_leaves_nothing_behind_in_the_decoder(smollm2_path):
         del seq
         gc.collect()
         assert first() is None
+
+
+def test_a_caches_page_table_follows_its_pages_as_they_grow_change_and_go(smollm2_path):
+    """The decoder's page tables (kernels/decode_caches.py) grow in place while a cache only gains
+    pages, and are written anew when a page is replaced (copy on write) or dropped: every entry
+    points at the cache's own page, whatever happened before."""
+    from edgellm.kernels.layer_structs import KVPage, KVSlots
+
+    def table(model, seq) -> list[tuple[int, int]]:
+        slots = KVSlots.from_address(model.net.decoder.caches.sequence(seq.layers, 1))  # layer 0's
+        entries = (KVPage * (slots.capacity // slots.page_tokens)).from_address(slots.pages)
+        return [(e.k.q, e.v.q) for e in entries]
+
+    def pages(seq) -> list[tuple[int, int]]:
+        return [(p.k.buffers()[0].data_ptr(), p.v.buffers()[0].data_ptr()) for p in seq.layers[0].pages]
+
+    with edgellm.load(smollm2_path) as model, torch.inference_mode():
+        seq, _ = model.kv.new_sequence()
+        block = seq.layers[0].page_tokens
+        for tokens in (1, block + 1, 5 * block + 1):  # a first page, then more at the end
+            for cache in seq.layers:
+                cache.offset = tokens - 1  # as if written: the table is all this test reads
+                cache.reserve(tokens)
+            assert table(model, seq) == pages(seq)
+        for cache in seq.layers:
+            cache.unshare(2)  # page 2 replaced by a copy
+        assert table(model, seq) == pages(seq)
+        for cache in seq.layers:
+            cache._shrink(2 * block)  # pages 2.. dropped, then new ones in their place
+            cache.reserve(4 * block)
+            cache.offset = 4 * block - 1
+        assert table(model, seq) == pages(seq)
+        seq.release()
