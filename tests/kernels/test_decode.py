@@ -390,3 +390,30 @@ def test_a_caches_page_table_follows_its_pages_as_they_grow_change_and_go(smollm
             cache.offset = 4 * block - 1
         assert table(model, seq) == pages(seq)
         seq.release()
+
+
+def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monkeypatch):
+    """Of a short prompt's native pieces only the last goes through the head (Gemma 3's 262k-row head
+    cost each earlier piece ~4 ms): one head call, and the same logits and KV as with every head run."""
+    from edgellm.generate import generator
+    from edgellm.generate.generator import prefill
+    from edgellm.kernels.decode import MAX_SEQS
+
+    with edgellm.load(smollm2_path) as model, torch.inference_mode():
+        net, heads = model.net, []
+        ids = model.tokenizer.encode("The harbour light turns over the water, slow and patient, every night of the year.")
+        assert len(ids) > 2 * MAX_SEQS  # three pieces
+        native_head = net.decoder._head
+        monkeypatch.setattr(net.decoder, "_head", lambda x: heads.append(x.shape[0]) or native_head(x))
+        skipping, _ = model.kv.new_sequence()
+        once = prefill(net, skipping, ids)
+        assert heads == [1]
+        monkeypatch.setattr(generator, "_layers_alone", lambda *args: False)
+        every, _ = model.kv.new_sequence()
+        each = prefill(net, every, ids)
+        assert len(heads) == 1 + -(-len(ids) // MAX_SEQS)
+        assert torch.equal(once, each)
+        for a, b in zip(skipping.layers, every.layers):  # the written slots (the page has 32)
+            assert torch.equal(a.pages[0].k.parts["x"][:, :, :len(ids)], b.pages[0].k.parts["x"][:, :, :len(ids)])
+        skipping.release()
+        every.release()

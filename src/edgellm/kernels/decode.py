@@ -118,13 +118,14 @@ class FusedDecoder:
         return logits.unsqueeze(0) if tokens.shape[1] > 1 and not last_only else logits.unsqueeze(1)
 
     def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False,
-                  adapters: Sequence | None = None) -> torch.Tensor | None:
+                  adapters: Sequence | None = None, head: bool = True) -> torch.Tensor | None:
         """One native call for several sequences' next tokens through every layer: (a sequence's per-layer
         caches, its tokens), one token for a decode step or a few for a prompt chunk or a
         speculative check (rows of one sequence are written and attended in order, so each sees
         the ones before it: causal). At most MAX_SEQS rows in all. `adapters`: each entry's LoRA
         adapter (None: the base). Returns (len(work), V) logits of each entry's last token
-        (every_row: (rows, V), each row's), or None if the caches or adapters do not fit."""
+        (every_row: (rows, V), each row's; head=False: (0, V), the layers alone — a prompt's piece
+        whose logits nobody reads), or None if the caches or adapters do not fit."""
         rows = [(layers, layers[0].offset + j, t) for layers, tokens in work for j, t in enumerate(tokens)]
         m = len(rows)
         lora = self._lora_rows(work, adapters)
@@ -146,6 +147,8 @@ class FusedDecoder:
         for layers, _, _ in rows:
             for cache in layers:
                 cache.mark_written(1)
+        if not head:
+            return x.new_empty(0, self.net.config.vocab_size)
         if not every_row and len(work) < m:  # only each entry's last row goes through the head
             x = x[torch.tensor(_last_rows(work))]
         if self._head is not None:
