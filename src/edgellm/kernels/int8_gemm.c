@@ -178,17 +178,17 @@ static inline float group_amax(const float *x) {
    (qx sx - x)(w - zero), which is ~2x larger for codes 0..15 (SmolLM2's logits moved 3.5 instead of 1.1
    on a chat prompt). */
 static inline void quantize_group(const float *x, float amax, int8_t *qx, float *st) {
-    __m256 v[4], sum = _mm256_setzero_ps();
+    __m256 v[4];
     float sx = amax > 0.f ? amax / X_MAX : 1.f;
     __m256 inv = _mm256_set1_ps(amax > 0.f ? X_MAX / amax : 0.f);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4; i++)
         v[i] = vf_round(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv));  /* the codes, as floats: converting them is exact */
-        sum = _mm256_add_ps(sum, v[i]);
-    }
+    /* each half's sum of codes, an exact integer (|sum| <= 16 * 127), so the group's is exact too */
+    float first = vf_sum(_mm256_add_ps(v[0], v[1])), second = vf_sum(_mm256_add_ps(v[2], v[3]));
     st[0] = sx;
-    st[1] = sx * vf_sum(sum);
-    st[2] = sx * vf_sum(_mm256_add_ps(v[0], v[1]));  /* exact integers until the scale: Q6_K's halves */
-    st[3] = sx * vf_sum(_mm256_add_ps(v[2], v[3]));
+    st[1] = sx * (first + second);
+    st[2] = sx * first;  /* Q6_K's halves */
+    st[3] = sx * second;
     _mm256_storeu_si256((__m256i *)qx, bytes32(v[0], v[1], v[2], v[3], _mm256_set1_ps(1.f)));
 }
 
