@@ -34,15 +34,53 @@ static inline int64_t page_row0(const KVSlots *c, int64_t g, int64_t t) {
 
 #define HEADS_PER_PASS 3  /* query heads a pass keeps accumulators for: 3 x 4 vectors in registers */
 
+/* How far ahead of the keys being scored their rows (and the values' of the same slots) are
+   prefetched, a few lines every 4 keys. A decode step finds every layer's keys and values evicted by
+   the weights streamed since the last, in runs of one page per KV head too short for the hardware
+   prefetcher, and a page's lines asked for in one burst stall the core once its misses in flight
+   are full: bursts a page ahead read 23 KB a cached token (SmolLM2, f16) at ~21 GB/s on a Zen 5's two
+   cores, this stream at ~31 (8 slots ahead 25, 16 29, 64 28). */
+#define ATT_PREFETCH_SLOTS 32
+
+static inline int64_t kv_row_bytes(int codec, int64_t d) {
+    return codec == KV_F32 ? 4 * d : codec == KV_INT8 ? d : codec == KV_INT4 ? d / 2 : 2 * d;
+}
+
+/* Prefetch the keys and values of KV head g at slots t .. t + 4 (the page of t's; a run crossing
+   into the next page prefetches a little past its rows, harmlessly) with their scales. */
+ALWAYS_INLINE void kv_prefetch_slots(const KVSlots *c, int codec, int64_t g, int64_t t, int64_t d) {
+    const KVPage *page = &c->pages[t / c->page_tokens];
+    int64_t row = page_row0(c, g, t) + t, bytes = kv_row_bytes(codec, d);
+    const uint8_t *k = (const uint8_t *)page->k.q + row * bytes, *v = (const uint8_t *)page->v.q + row * bytes;
+    for (int64_t o = 0; o < 4 * bytes; o += 64) {
+        __builtin_prefetch(k + o);
+        __builtin_prefetch(v + o);
+    }
+    if (codec == KV_INT8 || codec == KV_INT4) {
+        int64_t group = codec == KV_INT8 ? KV_INT8_GROUP : KV_INT4_GROUP;
+        __builtin_prefetch(page->k.scale + row * (d / group));
+        __builtin_prefetch(page->v.scale + row * (d / group));
+        if (codec == KV_INT4) {
+            __builtin_prefetch(page->k.min + row * (d / group));
+            __builtin_prefetch(page->v.min + row * (d / group));
+        }
+    }
+}
+
 /* sc[h * stride + t - t0] = q_h . K[row0 + t] * scale for heads h0 .. h0 + nh (nh <= HEADS_PER_PASS),
    slots t0..t1 of one page, four keys at a time: each key vector is decoded once for all the heads,
-   and four dot products are summed across lanes together. `codec` is a constant in each instance. */
+   and four dot products are summed across lanes together. `codec` and `nh` are constants in each
+   instance (a run-time nh left the accumulators on the stack: scores took ~1.4x as long). While
+   scoring slot t it prefetches KV head g's slot t + ATT_PREFETCH_SLOTS of c, when that is before
+   `ahead_end`. */
 ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const float *q, int h0, int nh, int64_t d,
-                               float scale, int64_t t0, int64_t t1, float *sc, int64_t stride) {
+                               float scale, int64_t t0, int64_t t1, float *sc, int64_t stride,
+                               const KVSlots *c, int64_t g, int64_t ahead_end) {
     KVStore store = *k;
     store.codec = codec;
     int64_t len = stride, t = t0;
     for (; t + 4 <= t1; t += 4) {
+        if (t + ATT_PREFETCH_SLOTS < ahead_end) kv_prefetch_slots(c, codec, g, t + ATT_PREFETCH_SLOTS, d);
         vf acc[HEADS_PER_PASS][4];
         for (int h = 0; h < nh; h++) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = vf_zero();
         for (int64_t i = 0; i < d; i += VL) {
@@ -71,16 +109,18 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
    softcap > 0, -inf where not visible. */
 ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const float *q, int group, int64_t d,
                                 float scale, float softcap, int64_t t0, int64_t t1, int64_t pos, float *sc) {
-    kv_prefetch(&c->pages[t0 / c->page_tokens].k, page_row0(c, g, t0) + t0, page_end(c, t0, t1) - t0, d);
+    for (int64_t t = t0; t < t1 && t < t0 + ATT_PREFETCH_SLOTS; t += 4) kv_prefetch_slots(c, codec, g, t, d);
     for (int64_t a = t0, b; a < t1; a = b) {
         b = page_end(c, a, t1);
         const KVStore *k = &c->pages[a / c->page_tokens].k;
-        /* this page's values (read next, by chunk_values) and the next page's keys, while this one's are scored */
-        kv_prefetch(&c->pages[a / c->page_tokens].v, page_row0(c, g, a) + a, b - a, d);
-        if (b < t1) kv_prefetch(&c->pages[b / c->page_tokens].k, page_row0(c, g, b) + b, page_end(c, b, t1) - b, d);
-        for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS)
-            head_scores(k, codec, page_row0(c, g, a), q, h0, group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS,
-                        d, scale, a, b, sc + a - t0, t1 - t0);
+        for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS) {
+            int64_t ahead_end = h0 == 0 ? t1 : 0;  /* the first pass prefetches for all */
+#define HEADS(nh) head_scores(k, codec, page_row0(c, g, a), q, h0, nh, d, scale, a, b, sc + a - t0, t1 - t0, c, g, ahead_end)
+            if (group - h0 >= 3) HEADS(3);
+            else if (group - h0 == 2) HEADS(2);
+            else HEADS(1);
+#undef HEADS
+        }
     }
     if (softcap > 0.f)
         for (int64_t i = 0; i < group * (t1 - t0); i++) sc[i] = softcap * tanhf(sc[i] / softcap);
@@ -91,40 +131,47 @@ ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const fl
 
 #define VALUE_TILE 4  /* vectors of output columns a pass keeps in registers per head */
 
-/* o_h = sum_t p_h[t] V_g[t] for the group's heads: column tiles outermost, so each head's tile stays
-   in registers over the keys (of every page of the chunk) and each value vector is decoded once
-   per pass. */
-ALWAYS_INLINE void chunk_values(const KVSlots *c, int codec, int64_t g, const float *p, int group, int64_t d,
-                                int64_t t0, int64_t t1, float *o) {
+/* o_h = sum_t p_h[t] V_g[t] for heads h0 .. h0 + nh of the group (p: the chunk's weights, each head's
+   len = t1 - t0 apart): column tiles outermost, so each head's tile stays in registers over the keys
+   (of every page of the chunk) and each value vector is decoded once per pass. `codec` and `nh` are
+   constants in each instance. */
+ALWAYS_INLINE void head_values(const KVSlots *c, int codec, int64_t g, const float *p, int h0, int nh, int64_t d,
+                               int64_t t0, int64_t t1, float *o) {
     int64_t len = t1 - t0;
-    for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS) {
-        int nh = group - h0 < HEADS_PER_PASS ? group - h0 : HEADS_PER_PASS;
-        for (int64_t i0 = 0; i0 < d; i0 += VALUE_TILE * VL) {
-            int tile = (int)((d - i0) / VL < VALUE_TILE ? (d - i0) / VL : VALUE_TILE);
-            vf acc[HEADS_PER_PASS][VALUE_TILE];
-            for (int h = 0; h < nh; h++)
-                for (int j = 0; j < tile; j++) acc[h][j] = vf_zero();
-            for (int64_t a = t0, b; a < t1; a = b) {
-                b = page_end(c, a, t1);
-                KVStore store = c->pages[a / c->page_tokens].v;
-                store.codec = codec;
-                int64_t row0 = page_row0(c, g, a);
-                for (int64_t t = a; t < b; t++) {
-                    int any = 0;
-                    for (int h = 0; h < nh; h++) any |= p[(h0 + h) * len + t - t0] != 0.f;
-                    if (!any) continue;
-                    vf value[VALUE_TILE];
-                    for (int j = 0; j < tile; j++) value[j] = kv_load(&store, row0 + t, d, i0 + j * VL);
-                    for (int h = 0; h < nh; h++) {
-                        vf w = vf_set1(p[(h0 + h) * len + t - t0]);
-                        for (int j = 0; j < tile; j++) acc[h][j] = vf_fma(w, value[j], acc[h][j]);
-                    }
+    for (int64_t i0 = 0; i0 < d; i0 += VALUE_TILE * VL) {
+        int tile = (int)((d - i0) / VL < VALUE_TILE ? (d - i0) / VL : VALUE_TILE);
+        vf acc[HEADS_PER_PASS][VALUE_TILE];
+        for (int h = 0; h < nh; h++)
+            for (int j = 0; j < tile; j++) acc[h][j] = vf_zero();
+        for (int64_t a = t0, b; a < t1; a = b) {
+            b = page_end(c, a, t1);
+            KVStore store = c->pages[a / c->page_tokens].v;
+            store.codec = codec;
+            int64_t row0 = page_row0(c, g, a);
+            for (int64_t t = a; t < b; t++) {
+                int any = 0;
+                for (int h = 0; h < nh; h++) any |= p[(h0 + h) * len + t - t0] != 0.f;
+                if (!any) continue;
+                vf value[VALUE_TILE];
+                for (int j = 0; j < tile; j++) value[j] = kv_load(&store, row0 + t, d, i0 + j * VL);
+                for (int h = 0; h < nh; h++) {
+                    vf w = vf_set1(p[(h0 + h) * len + t - t0]);
+                    for (int j = 0; j < tile; j++) acc[h][j] = vf_fma(w, value[j], acc[h][j]);
                 }
             }
-            for (int h = 0; h < nh; h++)
-                for (int j = 0; j < tile; j++) vf_store(o + (h0 + h) * d + i0 + j * VL, acc[h][j]);
         }
+        for (int h = 0; h < nh; h++)
+            for (int j = 0; j < tile; j++) vf_store(o + (h0 + h) * d + i0 + j * VL, acc[h][j]);
     }
+}
+
+/* head_values for all the group's heads, HEADS_PER_PASS at a time */
+ALWAYS_INLINE void chunk_values(const KVSlots *c, int codec, int64_t g, const float *p, int group, int64_t d,
+                                int64_t t0, int64_t t1, float *o) {
+    for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS)
+        if (group - h0 >= 3) head_values(c, codec, g, p, h0, 3, d, t0, t1, o);
+        else if (group - h0 == 2) head_values(c, codec, g, p, h0, 2, d, t0, t1, o);
+        else head_values(c, codec, g, p, h0, 1, d, t0, t1, o);
 }
 
 /* In place over one head's scores s[0..len): e^(s - max), masked keys exactly 0; returns the max

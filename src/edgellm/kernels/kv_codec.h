@@ -25,15 +25,6 @@ ALWAYS_INLINE vf kv_load(const KVStore *s, int64_t row, int64_t d, int64_t i) {
     }
 }
 
-/* Prefetch rows [row, row + n) of a store of d columns (their codes; the scales are small). A
-   decode step finds every layer's keys and values evicted by the weights streamed since the last,
-   in runs of one page per KV head that the hardware prefetcher barely starts on. */
-static inline void kv_prefetch(const KVStore *s, int64_t row, int64_t n, int64_t d) {
-    int64_t bits = s->codec == KV_F32 ? 32 : s->codec == KV_INT8 ? 8 : s->codec == KV_INT4 ? 4 : 16;
-    const uint8_t *first = (const uint8_t *)s->q + row * d * bits / 8;
-    for (int64_t b = 0; b < n * d * bits / 8; b += 64) __builtin_prefetch(first + b);
-}
-
 /* Encode d values x into row `row`, exactly as kv/codecs.py does (fp32 arithmetic, ties to even). */
 static inline void kv_encode(const KVStore *s, int64_t row, const float *x, int64_t d) {
     if (s->codec == KV_F32) {

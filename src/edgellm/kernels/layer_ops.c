@@ -1,6 +1,6 @@
 /* The exported size of a layer's scratch buffer (layer_buffers in layer_ops.h), the KV encoder
-   the decode layers use (for tests), and edgellm_decoder_layers: a whole decode step's layers in
-   one call. */
+   and the decode attention the decode layers use (for tests), and edgellm_decoder_layers: a whole
+   decode step's layers in one call. */
 #include "layer_ops.h"
 
 int64_t edgellm_layer_floats(const LayerDims *D, int m) {
@@ -11,6 +11,18 @@ int64_t edgellm_layer_floats(const LayerDims *D, int m) {
 void edgellm_kv_encode(const float *x, int64_t rows, int64_t d, void *q, uint16_t *scale, uint16_t *min, int64_t codec) {
     KVStore s = {q, scale, min, codec};
     for (int64_t r = 0; r < rows; r++) kv_encode(&s, r, x + r * d, d);
+}
+
+/* Exported for tests: attend_rows (decode_attention.h), m rows over their own caches, with the
+   scratch edgellm_decode_attention_floats names. */
+int64_t edgellm_decode_attention_floats(int64_t n_heads, int64_t n_kv, int64_t d, int64_t max_len, int m, int threads) {
+    return attend_floats(n_heads, n_kv, d, max_len, m, threads);
+}
+
+void edgellm_decode_attention(const KVSlots *caches, const float *q, int m, int64_t n_heads, int64_t n_kv, int64_t d,
+                              float scale, const int64_t *slots, const int64_t *pos, float *scratch, float *out,
+                              int threads) {
+    attend_rows(caches, q, n_heads * d, m, n_heads, n_kv, d, scale, 0.f, slots, pos, scratch, out, n_heads * d, threads);
 }
 
 /* One architecture's layer function (edgellm_llama_layer, edgellm_gemma_layer). */
