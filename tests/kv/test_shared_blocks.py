@@ -152,3 +152,24 @@ def test_admission_counts_no_room_for_prefix_blocks_a_running_request_shares(smo
     finally:
         svc.close()
         model.close()
+
+
+def test_block_hashes_kept_token_by_token_equal_the_whole_prefix_hashed_again(smol):
+    """A sequence chains each new block's hash onto the last instead of hashing its history again
+    at every token: through a reused prefix, decode steps across block ends, and a trim, its hashes
+    stay those of its tokens, and the blocks it completed while decoding are found by the next."""
+    ids = _ids(smol, "Which lamp needs oil first?")
+    _greedy(smol, ids, 1)  # the system prompt's blocks into the prefix cache
+    seq, reused = smol.kv.new_sequence(ids)
+    try:
+        assert reused >= 8 * BLOCK
+        out = _greedy(smol, ids, 2 * BLOCK + 5, seq)
+        assert seq.block_hashes() == smol.kv.hashes(seq.token_ids)
+        seq.trim(BLOCK // 2 + 7)  # back across a block end
+        assert seq.block_hashes() == smol.kv.hashes(seq.token_ids)
+        tokens = list(seq.token_ids)
+        next_seq, next_reused = smol.kv.new_sequence(tokens + out[:1])
+        next_seq.release()
+        assert next_reused == len(tokens) // BLOCK * BLOCK
+    finally:
+        seq.release()

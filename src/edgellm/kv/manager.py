@@ -64,9 +64,10 @@ class KVManager:
         c = self.config
         return c.k_precision if c.k_precision == c.v_precision else f"{c.k_precision}:{c.v_precision}"
 
-    def hashes(self, tokens: Sequence[int]) -> list[str]:
-        """Chain hashes of the full blocks of `tokens`, as this manager's prefix cache keys them."""
-        return chain_hashes(tokens, self.config.block_size, self._hash_salt)
+    def hashes(self, tokens: Sequence[int], after: str | None = None) -> list[str]:
+        """Chain hashes of the full blocks of `tokens`, as this manager's prefix cache keys them;
+        `after`: the hash of the block before tokens[0] (None: tokens start the sequence)."""
+        return chain_hashes(tokens, self.config.block_size, self._hash_salt if after is None else after)
 
     # -- the one byte budget -------------------------------------------------------------
 
@@ -162,6 +163,7 @@ class KVManager:
             for layer, part in zip(seq.layers, payload):
                 layer.adopt(b, part)
         seq.token_ids = list(prompt[:reused])
+        seq._hashes = list(seq._prefix_hashes)
         return reused
 
     def remember_blocks(self, seq: SequenceKV, start: int) -> None:
@@ -170,7 +172,7 @@ class KVManager:
         if self.prefix is None:
             return
         first = start // self.config.block_size
-        for b, h in enumerate(self.hashes(seq.token_ids)[first:], start=first):
+        for b, h in enumerate(seq.block_hashes()[first:], start=first):
             payload = [layer.block(b) for layer in seq.layers]
             self.prefix.insert(h, payload, self.block_bytes, block=seq.blocks[self.fixed_blocks + b])
 

@@ -29,6 +29,7 @@ class SequenceKV:
         self.evicted = 0  # tokens dropped by the sliding window so far
         self.blocks: list[int] = manager.take(manager.fixed_blocks)
         self._prefix_hashes: list[str] = []  # cached blocks this sequence reuses
+        self._hashes: list[str] = []  # chain hashes of token_ids' full blocks so far (block_hashes)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -71,6 +72,7 @@ class SequenceKV:
         for layer in self.layers:
             layer.trim(n)
         del self.token_ids[len(self.token_ids) - n:]
+        del self._hashes[len(self.token_ids) // self.config.block_size:]
         self._free_surplus()
         return n
 
@@ -119,6 +121,15 @@ class SequenceKV:
         self.token_ids.extend(int(i) for i in ids)
         if self.evicted == 0:
             self.manager.remember_blocks(self, start)
+
+    def block_hashes(self) -> list[str]:
+        """The prefix cache's chain hashes of token_ids' full blocks, each new block's chained onto the
+        last one's (hashing the whole history again at every token cost ~0.4 ms a decode step at 4,096
+        tokens)."""
+        size, done = self.config.block_size, len(self._hashes)
+        if len(self.token_ids) >= (done + 1) * size:
+            self._hashes += self.manager.hashes(self.token_ids[done * size:], after=self._hashes[-1] if done else None)
+        return self._hashes
 
     def release(self) -> None:
         """Return every block at once (the caller drops its reference to the caches)."""
