@@ -36,6 +36,7 @@ from edgellm.quant.embedding import BlockEmbedding
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 MAX_SEQS = 8  # layer_ops.h
+ATT_MAX_GROUP_FLOATS = 4096  # decode_attention.h: query heads per KV head x head_dim at most
 _FP32 = 0  # simd.h's dtype code for float
 
 
@@ -87,8 +88,11 @@ class FusedDecoder:
     def build(cls, net: NativeModel, mode: str) -> FusedDecoder | None:
         """The decoder for `net`, or None where the PyTorch layers must run: exact mode (the
         reference), no compiler, or weights and shapes the C layers do not read."""
-        if mode != "fast" or net.config.head_dim % 32:
+        cfg = net.config
+        if mode != "fast" or cfg.head_dim % 32:
             return None  # RoPE works on half-heads of 16-float vectors
+        if cfg.n_heads // cfg.n_kv_heads * cfg.head_dim > ATT_MAX_GROUP_FLOATS:
+            return None  # decode attention stages a KV head's queries on the stack
         for block in net.blocks:
             if not all(native_linear(m) for m in linears(block)) or block.mlp.activation != net.native_activation:
                 return None

@@ -14,6 +14,7 @@
 #define ATT_CHUNK 256  /* keys per work item at most */
 #define ATT_MAX_THREADS 64  /* attend_floats' bound */
 #define ATT_MAX_ROWS 8      /* rows per attend_rows call: a decode step's sequences */
+#define ATT_MAX_GROUP_FLOATS 4096  /* a KV head's queries (query heads per KV head x head_dim) at most */
 
 /* Whether slot t holds a position the query at `pos` sees. */
 static inline int visible(const KVSlots *c, int64_t t, int64_t pos) {
@@ -67,14 +68,14 @@ ALWAYS_INLINE void kv_prefetch_slots(const KVSlots *c, int codec, int64_t g, int
     }
 }
 
-/* sc[h * stride + t - t0] = q_h . K[row0 + t] * scale for heads h0 .. h0 + nh (nh <= HEADS_PER_PASS),
+/* sc[h * stride + t - t0] = q_h . K[row0 + t] for heads h0 .. h0 + nh (nh <= HEADS_PER_PASS),
    slots t0..t1 of one page, four keys at a time: each key vector is decoded once for all the heads,
    and four dot products are summed across lanes together. `codec` and `nh` are constants in each
    instance (a run-time nh left the accumulators on the stack: scores took ~1.4x as long). While
    scoring slot t it prefetches KV head g's slot t + ATT_PREFETCH_SLOTS of c, when that is before
    `ahead_end`. */
 ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const float *q, int h0, int nh, int64_t d,
-                               float scale, int64_t t0, int64_t t1, float *sc, int64_t stride,
+                               int64_t t0, int64_t t1, float *sc, int64_t stride,
                                const KVSlots *c, int64_t g, int64_t ahead_end) {
     KVStore store = *k;
     store.codec = codec;
@@ -94,28 +95,27 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
         for (int h = 0; h < nh; h++) {
             float *out = sc + (h0 + h) * len + t - t0;
             vf_sum4(acc[h][0], acc[h][1], acc[h][2], acc[h][3], out);
-            for (int j = 0; j < 4; j++) out[j] *= scale;
         }
     }
     for (; t < t1; t++)
         for (int h = 0; h < nh; h++) {
             vf acc = vf_zero();
             for (int64_t i = 0; i < d; i += VL) acc = vf_fma(vf_load(q + (h0 + h) * d + i), kv_load(&store, row0 + t, d, i), acc);
-            sc[(h0 + h) * len + t - t0] = vf_sum(acc) * scale;
+            sc[(h0 + h) * len + t - t0] = vf_sum(acc);
         }
 }
 
-/* sc[h][t - t0] = q_h . K_g[t] * scale for the `group` query heads of KV head g, soft-capped where
-   softcap > 0, -inf where not visible. */
+/* sc[h][t - t0] = q_h . K_g[t] for the `group` query heads of KV head g (q already scaled),
+   soft-capped where softcap > 0, -inf where not visible. */
 ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const float *q, int group, int64_t d,
-                                float scale, float softcap, int64_t t0, int64_t t1, int64_t pos, float *sc) {
+                                float softcap, int64_t t0, int64_t t1, int64_t pos, float *sc) {
     for (int64_t t = t0; t < t1 && t < t0 + ATT_PREFETCH_SLOTS; t += 4) kv_prefetch_slots(c, codec, g, t, d);
     for (int64_t a = t0, b; a < t1; a = b) {
         b = page_end(c, a, t1);
         const KVStore *k = &c->pages[a / c->page_tokens].k;
         for (int h0 = 0; h0 < group; h0 += HEADS_PER_PASS) {
             int64_t ahead_end = h0 == 0 ? t1 : 0;  /* the first pass prefetches for all */
-#define HEADS(nh) head_scores(k, codec, page_row0(c, g, a), q, h0, nh, d, scale, a, b, sc + a - t0, t1 - t0, c, g, ahead_end)
+#define HEADS(nh) head_scores(k, codec, page_row0(c, g, a), q, h0, nh, d, a, b, sc + a - t0, t1 - t0, c, g, ahead_end)
             if (group - h0 >= 3) HEADS(3);
             else if (group - h0 == 2) HEADS(2);
             else HEADS(1);
@@ -266,12 +266,17 @@ static void attend_items(void *p, int64_t it0, int64_t it1) {
         int64_t t1 = t0 + r->per < a->slots[i] ? t0 + r->per : a->slots[i];
         float *sc = a->score_base + r->scores + local * group * r->per, *o = a->partial + it * a->size;
         float *mx = o + group * d, *l = mx + group;
-        const float *qg = a->q + i * a->q_stride + g * group * d;
         if (t0 >= t1) {
             for (int h = 0; h < group; h++) mx[h] = 0.f, l[h] = 0.f;
             continue;
         }
-#define SCORES(codec) chunk_scores(c, codec, g, qg, group, d, a->scale, a->softcap, t0, t1, a->pos[i], sc)
+        /* the group's queries times the scale, on the stack: a multiply per score less, and the
+           compiler knows the score stores leave them alone (kept in o's place, the scores took
+           ~13 % longer) */
+        float qs[ATT_MAX_GROUP_FLOATS];
+        const float *q = a->q + i * a->q_stride + g * group * d;
+        for (int64_t j = 0; j < group * d; j += VL) vf_store(qs + j, vf_mul(vf_load(q + j), vf_set1(a->scale)));
+#define SCORES(codec) chunk_scores(c, codec, g, qs, group, d, a->softcap, t0, t1, a->pos[i], sc)
         BY_CODEC(c->pages[0].k.codec, SCORES)
         for (int h = 0; h < group; h++) mx[h] = chunk_softmax(sc + h * (t1 - t0), t1 - t0, &l[h]);
 #define VALUES(codec) chunk_values(c, codec, g, sc, group, d, t0, t1, o)
