@@ -1,68 +1,95 @@
 """Decode attention (decode_attention.h, the decode layers' attention) of every variant against fp64:
 one query per sequence over its paged cache, for grouped-query shapes whose query heads take one, two
 or three passes of HEADS_PER_PASS (3, 1 + 2 ... heads per KV head), caches long enough to split into
-several key chunks that start mid-page and off a multiple of four, every KV codec, one and two
-threads, and sequences of different lengths in one call."""
+several key chunks that start mid-page and off a multiple of four (so the prefetch stream runs across
+pages), every KV codec and mixed ones, pages of 32 and 30 slots, a sliding ring, soft-capped scores,
+one and two threads, and sequences of different lengths in one call."""
 from __future__ import annotations
 
 import ctypes
-import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from edgellm.kernels import layer_structs as structs
+from edgellm.kernels.decode import attention_fits
 from edgellm.kv.codecs import codec
 
 CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3, "bf16": 4}
-PAGE = 32
 
 
 class _PagedCache:
-    """One sequence's keys and values in a codec's parts (kv/codecs.py), a page of PAGE slots per
-    allocation, as the decode layers read them through their page table."""
+    """One sequence's keys and values in a codec's parts (kv/codecs.py), as the decode layers read
+    them through their page table: pages of `page` slots allocated one by one, or (window) one ring
+    of `window` slots holding the last `window` of `length` positions."""
 
-    def __init__(self, name: str, kv_heads: int, dim: int, length: int, g: torch.Generator):
-        self.codec, self.name = codec(name), name
-        pages = -(-length // PAGE)
-        x = torch.randn(2, kv_heads, pages * PAGE, dim, generator=g)
-        shapes = self.codec.part_shapes(dim)  # the stored dtypes (a float codec's encode leaves fp32)
-        self.parts = [{n: t.to(shapes[n][1]) for n, t in self.codec.encode(x[which]).items()} for which in (0, 1)]
-        self.pages = [[{n: t[:, p * PAGE:(p + 1) * PAGE].contiguous() for n, t in parts.items()} for parts in self.parts]
-                      for p in range(pages)]
-        self.table = (structs.KVPage * pages)(*(structs.KVPage(*map(self._store, page)) for page in self.pages))
-        self.slots = structs.KVSlots(ctypes.addressof(self.table), PAGE, pages * PAGE, None)
+    def __init__(self, kv: tuple[str, str], kv_heads: int, dim: int, length: int, g: torch.Generator,
+                 page: int = 32, window: int | None = None):
+        self.names = kv
+        self.codecs = [codec(name) for name in kv]
+        slots = window if window else -(-length // page) * page
+        page = window or page
+        x = torch.randn(2, kv_heads, slots, dim, generator=g)
+        self.parts = []
+        for which, c in enumerate(self.codecs):
+            shapes = c.part_shapes(dim)  # the stored dtypes (a float codec's encode leaves fp32)
+            self.parts.append({n: t.to(shapes[n][1]) for n, t in c.encode(x[which]).items()})
+        self.pages = [[{n: t[:, p * page:(p + 1) * page].contiguous() for n, t in parts.items()} for parts in self.parts]
+                      for p in range(slots // page)]
+        self.table = (structs.KVPage * len(self.pages))(*(structs.KVPage(*map(self._store, pg, kv)) for pg in self.pages))
+        self.slot_pos = None
+        if window:  # position p in slot p % window, the last `window` positions of `length`
+            positions = torch.arange(length - window, length)
+            self.slot_pos = torch.empty(window, dtype=torch.long)
+            self.slot_pos[positions % window] = positions
+        self.slots = structs.KVSlots(ctypes.addressof(self.table), page, slots,
+                                     None if window is None else self.slot_pos.data_ptr(), slots)
+        self.scanned = window or length  # the slots a query at the last position scans
 
-    def _store(self, parts: dict[str, torch.Tensor]) -> structs.KVStore:
+    @staticmethod
+    def _store(parts: dict[str, torch.Tensor], name: str) -> structs.KVStore:
         main = parts.get("x", parts.get("q"))
         scale, low = parts.get("scale"), parts.get("min")
         return structs.KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
-                               None if low is None else low.data_ptr(), CODES[self.name])
+                               None if low is None else low.data_ptr(), CODES[name])
 
     def decoded(self, which: int) -> torch.Tensor:
-        return self.codec.decode(self.parts[which]).double()
+        """(Hkv, scanned, D): the slots attention sees (their order does not change a softmax)."""
+        return self.codecs[which].decode(self.parts[which]).double()[:, :self.scanned]
 
 
-def _attend(lib, caches, q: torch.Tensor, heads: int, kv_heads: int, dim: int, lengths: list[int], threads: int):
-    m = len(caches)
+def _attend(lib, caches, q: torch.Tensor, heads: int, kv_heads: int, dim: int, softcap: float, threads: int):
+    m, scanned = len(caches), [c.scanned for c in caches]
+    positions = [c.scanned - 1 if c.slot_pos is None else int(c.slot_pos.max()) for c in caches]
     table = (structs.KVSlots * m)(*(c.slots for c in caches))
-    scratch = torch.empty(lib.edgellm_decode_attention_floats(heads, kv_heads, dim, max(lengths), m, threads))
+    scratch = torch.empty(lib.edgellm_decode_attention_floats(heads, kv_heads, dim, max(scanned), m, threads))
     out = torch.empty(m, heads * dim)
-    lib.edgellm_decode_attention(table, q.data_ptr(), m, heads, kv_heads, dim, dim ** -0.5,
-                                 (ctypes.c_int64 * m)(*lengths), (ctypes.c_int64 * m)(*(n - 1 for n in lengths)),
+    lib.edgellm_decode_attention(table, q.data_ptr(), m, heads, kv_heads, dim, dim ** -0.5, softcap,
+                                 (ctypes.c_int64 * m)(*scanned), (ctypes.c_int64 * m)(*positions),
                                  scratch.data_ptr(), out.data_ptr(), threads)
     return out.view(m, heads, dim)
 
 
-def _reference(caches, q: torch.Tensor, heads: int, kv_heads: int, dim: int, lengths: list[int]) -> torch.Tensor:
+def _reference(caches, q: torch.Tensor, heads: int, kv_heads: int, dim: int, softcap: float) -> torch.Tensor:
     out = torch.empty(len(caches), heads, dim, dtype=torch.float64)
-    for i, (cache, n) in enumerate(zip(caches, lengths)):
-        keys, values = cache.decoded(0)[:, :n], cache.decoded(1)[:, :n]
+    for i, cache in enumerate(caches):
+        keys, values = cache.decoded(0), cache.decoded(1)
         for h in range(heads):
             g = h // (heads // kv_heads)
             scores = keys[g] @ q[i, h].double() * dim ** -0.5
+            if softcap:
+                scores = softcap * torch.tanh(scores / softcap)
             out[i, h] = torch.softmax(scores, 0) @ values[g]
     return out
+
+
+def _check(lib, caches, heads, kv_heads, dim, g, softcap=0.0):
+    q = torch.randn(len(caches), heads, dim, generator=g) * 2  # sharp enough softmaxes to tell keys apart
+    want = _reference(caches, q, heads, kv_heads, dim, softcap)
+    for threads in (1, 2):
+        got = _attend(lib, caches, q, heads, kv_heads, dim, softcap, threads).double()
+        assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (threads, (got - want).abs().max().item())
 
 
 @pytest.mark.parametrize("heads, kv_heads, dim", [(3, 1, 64), (9, 3, 64), (4, 1, 32), (8, 4, 32), (5, 1, 32)])
@@ -70,9 +97,32 @@ def _reference(caches, q: torch.Tensor, heads: int, kv_heads: int, dim: int, len
 def test_decode_attention_matches_fp64(lib, heads, kv_heads, dim, kv):
     g = torch.Generator().manual_seed(heads * 100 + dim)
     lengths = [601, 37, 1]  # 601: 3 chunks of 201 keys (starting mid-page, off a multiple of 4)
-    caches = [_PagedCache(kv, kv_heads, dim, n, g) for n in lengths]
-    q = torch.randn(len(lengths), heads, dim, generator=g) * 2  # sharp enough softmaxes to tell keys apart
-    want = _reference(caches, q, heads, kv_heads, dim, lengths)
-    for threads in (1, 2):
-        got = _attend(lib, caches, q, heads, kv_heads, dim, lengths, threads).double()
-        assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (threads, (got - want).abs().max().item())
+    caches = [_PagedCache((kv, kv), kv_heads, dim, n, g) for n in lengths]
+    _check(lib, caches, heads, kv_heads, dim, g)
+
+
+@pytest.mark.parametrize("kv", [("int8", "int4"), ("f16", "int4"), ("int4", "f16"), ("bf16", "int8")])
+def test_decode_attention_mixed_codecs_and_odd_pages(lib, kv):
+    """Keys and values in different codecs (each prefetched and read in its own), pages of 30 slots."""
+    g = torch.Generator().manual_seed(7)
+    caches = [_PagedCache(kv, 2, 64, n, g, page=30) for n in (533, 90)]
+    _check(lib, caches, 6, 2, 64, g)
+
+
+@pytest.mark.parametrize("kv", ["f16", "int4"])
+def test_decode_attention_over_a_ring_with_soft_capped_scores(lib, kv):
+    """A sliding window of 600 slots (one page, slot p % 600 holding position p) after 1,000 tokens,
+    beside a dense cache; scores soft-capped as Gemma 2 does."""
+    g = torch.Generator().manual_seed(11)
+    caches = [_PagedCache((kv, kv), 1, 64, 1000, g, window=600), _PagedCache((kv, kv), 1, 64, 300, g)]
+    _check(lib, caches, 4, 1, 64, g, softcap=5.0)
+
+
+def test_decoder_declines_a_model_whose_queries_per_kv_head_exceed_the_stack_stage(lib):
+    """The decode layers stage a KV head's queries on the stack; FusedDecoder.build runs a model
+    past that bound on its PyTorch layers (attention_fits says which) instead of overrunning it."""
+    limit = lib.edgellm_decode_attention_max_group_floats()
+    assert limit >= 2048  # Gemma 1 2B: 8 query heads of 256 on one KV head
+    assert attention_fits(SimpleNamespace(n_heads=8, n_kv_heads=1, head_dim=limit // 8), lib)
+    assert not attention_fits(SimpleNamespace(n_heads=16, n_kv_heads=1, head_dim=limit // 8), lib)
+    assert not attention_fits(SimpleNamespace(n_heads=8, n_kv_heads=1, head_dim=32), None)

@@ -21,6 +21,7 @@ reference: tests/kernels/test_decode.py checks that the two agree."""
 from __future__ import annotations
 
 import ctypes
+import logging
 import weakref
 from typing import Protocol, Sequence
 
@@ -33,10 +34,11 @@ from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_str
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.embedding import BlockEmbedding
 
+log = logging.getLogger("edgellm.kernels")
+
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 MAX_SEQS = 8  # layer_ops.h
-ATT_MAX_GROUP_FLOATS = 4096  # decode_attention.h: query heads per KV head x head_dim at most
 _FP32 = 0  # simd.h's dtype code for float
 
 
@@ -58,6 +60,12 @@ class NativeModel(Protocol):
     def head(self, x: torch.Tensor) -> torch.Tensor: ...  # final hidden states -> fp32 logits
     # (norm, lm_head) where head(x) is lm_head(norm(x)) with norm models/layers.py's RMSNorm, else None
     def head_parts(self) -> tuple | None: ...
+
+
+def attention_fits(cfg, lib: ctypes.CDLL | None) -> bool:
+    """Whether the decode layers' attention takes the model's query heads per KV head x head_dim
+    (it stages them on the stack)."""
+    return lib is not None and cfg.n_heads // cfg.n_kv_heads * cfg.head_dim <= lib.edgellm_decode_attention_max_group_floats()
 
 
 class FusedDecoder:
@@ -91,12 +99,15 @@ class FusedDecoder:
         cfg = net.config
         if mode != "fast" or cfg.head_dim % 32:
             return None  # RoPE works on half-heads of 16-float vectors
-        if cfg.n_heads // cfg.n_kv_heads * cfg.head_dim > ATT_MAX_GROUP_FLOATS:
-            return None  # decode attention stages a KV head's queries on the stack
         for block in net.blocks:
             if not all(native_linear(m) for m in linears(block)) or block.mlp.activation != net.native_activation:
                 return None
         if kernels.library() is None or not hasattr(kernels.library(), net.native_layer):
+            return None
+        if not attention_fits(cfg, kernels.library()):
+            log.warning("the native decoder takes at most %d query floats per KV head (%d here): PyTorch layers run",
+                        kernels.library().edgellm_decode_attention_max_group_floats(),
+                        cfg.n_heads // cfg.n_kv_heads * cfg.head_dim)
             return None
         return cls(net, net.config.context_length)
 

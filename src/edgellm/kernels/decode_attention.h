@@ -9,6 +9,8 @@
 
      M = max_c m_c,   out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c */
 #pragma once
+#include <stdio.h>
+#include <stdlib.h>
 #include "kv_codec.h"
 
 #define ATT_CHUNK 256  /* keys per work item at most */
@@ -33,39 +35,40 @@ static inline int64_t page_row0(const KVSlots *c, int64_t g, int64_t t) {
     return (g - t / c->page_tokens) * c->page_tokens;
 }
 
-#define HEADS_PER_PASS 3  /* query heads a pass keeps accumulators for: 3 x 4 vectors in registers */
+#define HEADS_PER_PASS 3  /* query heads a pass keeps accumulators for: 3 x 4 vectors (AVX2's 16 registers spill a few) */
 
 /* How far ahead of the keys being scored their rows (and the values' of the same slots) are
    prefetched, a few lines every 4 keys. A decode step finds every layer's keys and values evicted by
-   the weights streamed since the last, in runs of one page per KV head too short for the hardware
-   prefetcher, and a page's lines asked for in one burst stall the core once its misses in flight
-   are full: bursts a page ahead read 23 KB a cached token (SmolLM2, f16) at ~21 GB/s on a Zen 5's two
-   cores, this stream at ~31 (8 slots ahead 25, 16 29, 64 28). */
+   the weights streamed since the last, in runs of one page per KV head (4 KB for SmolLM2's f16) too
+   short for the hardware prefetcher, and a page's lines asked for in one burst stall the core once
+   its misses in flight are full: bursts a page ahead read 23 KB a cached token (SmolLM2, f16) at
+   ~21 GB/s on a Zen 5's two cores, this stream at ~31-35 (8 slots ahead 25, 16 29, 64 28). */
 #define ATT_PREFETCH_SLOTS 32
 
 static inline int64_t kv_row_bytes(int codec, int64_t d) {
     return codec == KV_F32 ? 4 * d : codec == KV_INT8 ? d : codec == KV_INT4 ? d / 2 : 2 * d;
 }
 
-/* Prefetch the keys and values of KV head g at slots t .. t + 4 (the page of t's; a run crossing
-   into the next page prefetches a little past its rows, harmlessly) with their scales. */
-ALWAYS_INLINE void kv_prefetch_slots(const KVSlots *c, int codec, int64_t g, int64_t t, int64_t d) {
-    const KVPage *page = &c->pages[t / c->page_tokens];
-    int64_t row = page_row0(c, g, t) + t, bytes = kv_row_bytes(codec, d);
-    const uint8_t *k = (const uint8_t *)page->k.q + row * bytes, *v = (const uint8_t *)page->v.q + row * bytes;
-    for (int64_t o = 0; o < 4 * bytes; o += 64) {
-        __builtin_prefetch(k + o);
-        __builtin_prefetch(v + o);
-    }
+/* Prefetch rows row .. row + 4 of a store of d columns in `codec`, with their scales (and mins). */
+ALWAYS_INLINE void kv_prefetch_rows(const KVStore *s, int codec, int64_t row, int64_t d) {
+    int64_t bytes = kv_row_bytes(codec, d);
+    const uint8_t *q = (const uint8_t *)s->q + row * bytes;
+    for (int64_t o = 0; o < 4 * bytes; o += 64) __builtin_prefetch(q + o);
     if (codec == KV_INT8 || codec == KV_INT4) {
         int64_t group = codec == KV_INT8 ? KV_INT8_GROUP : KV_INT4_GROUP;
-        __builtin_prefetch(page->k.scale + row * (d / group));
-        __builtin_prefetch(page->v.scale + row * (d / group));
-        if (codec == KV_INT4) {
-            __builtin_prefetch(page->k.min + row * (d / group));
-            __builtin_prefetch(page->v.min + row * (d / group));
-        }
+        __builtin_prefetch(s->scale + row * (d / group));
+        if (codec == KV_INT4) __builtin_prefetch(s->min + row * (d / group));
     }
+}
+
+/* Prefetch the keys (in `codec`, a constant) and values (in their own codec) of KV head g at slots
+   t .. t + 4 (the page of t's; a run crossing into the next page prefetches a little past its
+   rows, harmlessly). */
+ALWAYS_INLINE void kv_prefetch_slots(const KVSlots *c, int codec, int64_t g, int64_t t, int64_t d) {
+    const KVPage *page = &c->pages[t / c->page_tokens];
+    int64_t row = page_row0(c, g, t) + t;
+    kv_prefetch_rows(&page->k, codec, row, d);
+    kv_prefetch_rows(&page->v, (int)page->v.codec, row, d);
 }
 
 /* sc[h * stride + t - t0] = q_h . K[row0 + t] for heads h0 .. h0 + nh (nh <= HEADS_PER_PASS),
@@ -272,7 +275,7 @@ static void attend_items(void *p, int64_t it0, int64_t it1) {
         }
         /* the group's queries times the scale, on the stack: a multiply per score less, and the
            compiler knows the score stores leave them alone (kept in o's place, the scores took
-           ~13 % longer) */
+           ~13 % longer). attend_rows checked that they fit. */
         float qs[ATT_MAX_GROUP_FLOATS];
         const float *q = a->q + i * a->q_stride + g * group * d;
         for (int64_t j = 0; j < group * d; j += VL) vf_store(qs + j, vf_mul(vf_load(q + j), vf_set1(a->scale)));
@@ -296,6 +299,11 @@ static inline void attend_rows(const KVSlots *caches, const float *q, int64_t q_
                                int64_t n_kv, int64_t d, float scale, float softcap, const int64_t *slots,
                                const int64_t *pos, float *scratch, float *out, int64_t out_stride, int threads) {
     int group = (int)(n_heads / n_kv);
+    if (group * d > ATT_MAX_GROUP_FLOATS) {  /* kernels/decode.py declines such a model: never here */
+        fprintf(stderr, "edgellm: decode attention takes at most %d query floats per KV head, got %lld\n",
+                ATT_MAX_GROUP_FLOATS, (long long)(group * d));
+        abort();
+    }
     threads = threads < ATT_MAX_THREADS ? threads : ATT_MAX_THREADS;
     RowItems rows[ATT_MAX_ROWS];
     int64_t items = 0, size = group * (d + 2), scores = 0;

@@ -20,10 +20,14 @@ int64_t edgellm_decode_attention_floats(int64_t n_heads, int64_t n_kv, int64_t d
 }
 
 void edgellm_decode_attention(const KVSlots *caches, const float *q, int m, int64_t n_heads, int64_t n_kv, int64_t d,
-                              float scale, const int64_t *slots, const int64_t *pos, float *scratch, float *out,
-                              int threads) {
-    attend_rows(caches, q, n_heads * d, m, n_heads, n_kv, d, scale, 0.f, slots, pos, scratch, out, n_heads * d, threads);
+                              float scale, float softcap, const int64_t *slots, const int64_t *pos, float *scratch,
+                              float *out, int threads) {
+    attend_rows(caches, q, n_heads * d, m, n_heads, n_kv, d, scale, softcap, slots, pos, scratch, out, n_heads * d,
+                threads);
 }
+
+/* The most query floats per KV head (query heads per KV head x head_dim) the decode layers take. */
+int64_t edgellm_decode_attention_max_group_floats(void) { return ATT_MAX_GROUP_FLOATS; }
 
 /* One architecture's layer function (edgellm_llama_layer, edgellm_gemma_layer). */
 typedef void (*LayerFn)(const void *layer, float *x, int m, const float *cos, const float *sin, KVSlots *caches,

@@ -129,7 +129,7 @@ class SequenceKV:
         size, done = self.config.block_size, len(self._hashes)
         if len(self.token_ids) >= (done + 1) * size:
             self._hashes += self.manager.hashes(self.token_ids[done * size:], after=self._hashes[-1] if done else None)
-        return self._hashes
+        return list(self._hashes)
 
     def release(self) -> None:
         """Return every block at once (the caller drops its reference to the caches)."""
