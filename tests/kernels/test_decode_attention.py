@@ -15,8 +15,7 @@ import torch
 from edgellm.kernels import layer_structs as structs
 from edgellm.kernels.decode import attention_fits
 from edgellm.kv.codecs import codec
-
-CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3, "bf16": 4}
+from tests.kernels.kv_stores import kv_store
 
 
 class _PagedCache:
@@ -37,7 +36,7 @@ class _PagedCache:
             self.parts.append({n: t.to(shapes[n][1]) for n, t in c.encode(x[which]).items()})
         self.pages = [[{n: t[:, p * page:(p + 1) * page].contiguous() for n, t in parts.items()} for parts in self.parts]
                       for p in range(slots // page)]
-        self.table = (structs.KVPage * len(self.pages))(*(structs.KVPage(*map(self._store, pg, kv)) for pg in self.pages))
+        self.table = (structs.KVPage * len(self.pages))(*(structs.KVPage(*map(kv_store, pg, kv)) for pg in self.pages))
         self.slot_pos = None
         if window:  # position p in slot p % window, the last `window` positions of `length`
             positions = torch.arange(length - window, length)
@@ -46,13 +45,6 @@ class _PagedCache:
         self.slots = structs.KVSlots(ctypes.addressof(self.table), page, slots,
                                      None if window is None else self.slot_pos.data_ptr(), slots)
         self.scanned = window or length  # the slots a query at the last position scans
-
-    @staticmethod
-    def _store(parts: dict[str, torch.Tensor], name: str) -> structs.KVStore:
-        main = parts.get("x", parts.get("q"))
-        scale, low = parts.get("scale"), parts.get("min")
-        return structs.KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
-                               None if low is None else low.data_ptr(), CODES[name])
 
     def decoded(self, which: int) -> torch.Tensor:
         """(Hkv, scanned, D): the slots attention sees (their order does not change a softmax)."""

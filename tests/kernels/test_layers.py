@@ -20,12 +20,12 @@ from edgellm.lora.adapter import pack_a, pack_b_t
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import Int4Linear
+from tests.kernels.kv_stores import kv_store
 from tests.quant import reference
 
 HIDDEN, HEADS, KV_HEADS, DIM, INTER = 128, 4, 2, 32, 256
 MAX_LEN, WINDOW, PAGE = 48, 24, 8  # a dense cache: 6 pages; a ring: one of WINDOW
 EPS = 1e-5
-CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3, "bf16": 4}
 
 
 # fp16 block scales that keep random weights of order 0.05, so activations stay of order 1
@@ -98,17 +98,10 @@ class _Cache:
         self.names = (k, v)
 
     def slots(self) -> structs.KVSlots:
-        self.table = (structs.KVPage * len(self.pages))(*(structs.KVPage(*map(self._store, page, self.names))
+        self.table = (structs.KVPage * len(self.pages))(*(structs.KVPage(*map(kv_store, page, self.names))
                                                            for page in self.pages))
         return structs.KVSlots(ctypes.addressof(self.table), self.page, self.capacity,
                                None if self.slot_pos is None else self.slot_pos.data_ptr())
-
-    @staticmethod
-    def _store(parts: dict[str, torch.Tensor], name: str) -> structs.KVStore:
-        main = parts.get("x", parts.get("q"))
-        scale, low = parts.get("scale"), parts.get("min")
-        return structs.KVStore(main.data_ptr(), None if scale is None else scale.data_ptr(),
-                               None if low is None else low.data_ptr(), CODES[name])
 
     def decoded(self, which: int) -> torch.Tensor:
         """(Hkv, capacity, D): the pages' slots in order."""
