@@ -392,6 +392,42 @@ def test_a_caches_page_table_follows_its_pages_as_they_grow_change_and_go(smollm
         seq.release()
 
 
+def test_a_shared_prefix_pages_are_described_once_for_every_sequence_that_holds_them(smollm2_path, monkeypatch):
+    """Sequences reusing a cached prefix hold its pages; the decoder describes each page for its
+    tables once (kernels/decode_caches.py keeps the rows while the page lives), not again for each
+    sequence's first step: a second sequence on the same prefix describes only its own new pages,
+    and its tables still point at exactly its pages."""
+    from edgellm.generate.generator import prefill
+    from edgellm.kernels import decode_caches
+    from edgellm.kernels.layer_structs import KVPage, KVSlots
+
+    described = []
+    fields = decode_caches._fields
+    monkeypatch.setattr(decode_caches, "_fields", lambda store: described.append(store) or fields(store))
+    with edgellm.load(smollm2_path) as model, torch.inference_mode():
+        ids = model.tokenizer.encode("The lighthouse keeper's log, page one. " * 12)
+        block = model.kv.config.block_size
+        assert len(ids) > 3 * block
+        first, _ = model.kv.new_sequence(ids)
+        prefill(model.net, first, ids)
+        model.net.decoder.caches.sequence(first.layers, 1)
+        pages_first = len(first.layers[0].pages)
+        assert len(described) == 2 * pages_first * len(first.layers)  # K and V of every page, once
+        described.clear()
+        second, reused = model.kv.new_sequence(ids[:-1] + [ids[-1] + 1])
+        assert reused >= 3 * block
+        prefill(model.net, second, (ids[:-1] + [ids[-1] + 1])[reused:])
+        address = model.net.decoder.caches.sequence(second.layers, 1)
+        new_pages = len(second.layers[0].pages) - reused // block
+        assert len(described) == 2 * new_pages * len(second.layers)
+        slots = KVSlots.from_address(address)  # layer 0's table: the second sequence's own pages
+        entries = (KVPage * len(second.layers[0].pages)).from_address(slots.pages)
+        assert [(e.k.q, e.v.q) for e in entries] == [(p.k.buffers()[0].data_ptr(), p.v.buffers()[0].data_ptr())
+                                                     for p in second.layers[0].pages]
+        first.release()
+        second.release()
+
+
 def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monkeypatch):
     """Of a short prompt's native pieces only the last goes through the head (Gemma 3's 262k-row head
     cost each earlier piece ~4 ms): one head call, and the same logits and KV as with every head run."""

@@ -4,7 +4,9 @@ one of its caches changes pages (building ~30 structs per sequence every step co
 A cache's page table grows in place when the cache only gained pages at its end (each new block of
 a decoding sequence), written as rows of int64s: rebuilt whole from a ctypes struct per page, the
 30 tables of a 512-token context took ~2 ms on the first decode step after its prompt (now ~1.3)
-and again at every new block (now one row per table).
+and again at every new block (now one row per table). A page's row is kept while the page lives, so
+the pages of a cached prefix are described once for every sequence that reuses them (a turn after
+a 1,000-token cached history: TTFT 12.5 -> 11.5 ms).
 
 A decode step runs a few Python passes over each sequence's layers (offsets, versions, what was
 written); everything else a sequence's array needs — whether the C layers read its caches, the room
@@ -110,19 +112,27 @@ class _CacheView:
                        None if ring is None else ring.data_ptr())
 
 
+# Each page's row, kept while the page lives (its buffers never change): a page of a cached prefix is
+# described once, not again on every sequence's first decode step (30 layers x its pages, ~2 us each).
+_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def page_rows(pages: Sequence) -> list[tuple[int, ...]]:
     """KVPages (kv/store.py) as layer_types.h's, each as its 8 int64 fields: K's values, scale, min
     and codec, then V's."""
-    codes: dict = {}
+    rows = []
+    for page in pages:
+        row = _ROWS.get(page)
+        if row is None:
+            row = _ROWS[page] = _fields(page.k) + _fields(page.v)
+        rows.append(row)
+    return rows
 
-    def fields(store) -> tuple[int, int, int, int]:
-        values, scale, low = store.buffers()
-        code = codes.get(store.codec)
-        if code is None:
-            code = codes[store.codec] = codec_code(store.codec)
-        return values.data_ptr(), 0 if scale is None else scale.data_ptr(), 0 if low is None else low.data_ptr(), code
 
-    return [fields(page.k) + fields(page.v) for page in pages]
+def _fields(store) -> tuple[int, int, int, int]:
+    values, scale, low = store.buffers()
+    return values.data_ptr(), 0 if scale is None else scale.data_ptr(), 0 if low is None else low.data_ptr(), \
+        codec_code(store.codec)
 
 
 def codec_code(codec) -> int | None:
