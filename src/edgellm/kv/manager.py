@@ -172,7 +172,7 @@ class KVManager:
         if self.prefix is None:
             return
         first = start // self.config.block_size
-        for b, h in enumerate(seq.block_hashes()[first:], start=first):
+        for b, h in enumerate(seq.block_hashes(first), start=first):
             payload = [layer.block(b) for layer in seq.layers]
             self.prefix.insert(h, payload, self.block_bytes, block=seq.blocks[self.fixed_blocks + b])
 

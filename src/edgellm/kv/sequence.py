@@ -122,14 +122,14 @@ class SequenceKV:
         if self.evicted == 0:
             self.manager.remember_blocks(self, start)
 
-    def block_hashes(self) -> list[str]:
-        """The prefix cache's chain hashes of token_ids' full blocks, each new block's chained onto the
-        last one's (hashing the whole history again at every token cost ~0.4 ms a decode step at 4,096
-        tokens)."""
+    def block_hashes(self, first: int = 0) -> list[str]:
+        """The prefix cache's chain hashes of token_ids' full blocks from block `first` on, each new
+        block's chained onto the last one's (hashing the whole history again at every token cost
+        ~0.4 ms a decode step at 4,096 tokens)."""
         size, done = self.config.block_size, len(self._hashes)
         if len(self.token_ids) >= (done + 1) * size:
             self._hashes += self.manager.hashes(self.token_ids[done * size:], after=self._hashes[-1] if done else None)
-        return list(self._hashes)
+        return self._hashes[first:]
 
     def release(self) -> None:
         """Return every block at once (the caller drops its reference to the caches)."""
