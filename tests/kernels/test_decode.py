@@ -453,3 +453,31 @@ def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monk
             assert torch.equal(a.pages[0].k.parts["x"][:, :, :len(ids)], b.pages[0].k.parts["x"][:, :, :len(ids)])
         skipping.release()
         every.release()
+
+
+@pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
+def test_a_pieces_rows_after_a_long_history_get_what_one_token_a_step_gets(name, request):
+    """A prompt's piece after 600 cached tokens (or a speculative check's guesses): its 8 rows attend
+    together over the dense caches, reading each key once for all of them (Gemma's rings in waves),
+    and every row gets the logits that feeding the same tokens one a step gives, bit for bit — which
+    is what lets greedy speculation give plain decoding's tokens."""
+    with edgellm.load(request.getfixturevalue(name)) as model, torch.inference_mode():
+        decoder = model.net.decoder
+        ids = model.tokenizer.encode(" ".join(f"line {i}: the tide comes in and goes out." for i in range(60)))[:608]
+        history, piece = ids[:600], ids[600:608]
+        base, _ = _prompt(model, history)
+        together_seq, _ = model.kv.new_sequence()
+        one_seq, _ = model.kv.new_sequence()
+        rows = []
+        for seq in (together_seq, one_seq):
+            seq.prepare(base.offset)
+            _copy_state(seq, base)
+        together_seq.prepare(len(piece))
+        together = decoder.step_rows([(together_seq.layers, piece)], every_row=True)
+        for token in piece:
+            one_seq.prepare(1)
+            rows.append(decoder.step_rows([(one_seq.layers, [token])])[0])
+        assert together.shape[0] == len(piece)
+        assert torch.equal(together, torch.stack(rows))
+        for seq in (base, together_seq, one_seq):
+            seq.release()

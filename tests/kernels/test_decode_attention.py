@@ -118,3 +118,51 @@ def test_decoder_declines_a_model_whose_queries_per_kv_head_exceed_the_stack_sta
     assert attention_fits(SimpleNamespace(n_heads=8, n_kv_heads=1, head_dim=limit // 8), lib)
     assert not attention_fits(SimpleNamespace(n_heads=16, n_kv_heads=1, head_dim=limit // 8), lib)
     assert not attention_fits(SimpleNamespace(n_heads=8, n_kv_heads=1, head_dim=32), None)
+
+
+def _attend_rows(lib, rows, q: torch.Tensor, heads: int, kv_heads: int, dim: int, threads: int) -> tuple[torch.Tensor, int]:
+    """attend_rows over (cache, position) rows, rows of one cache in order of position, all keys
+    written: as a native step takes a prompt's piece (or a speculative check's guesses). Its output
+    and the (row set, KV head, key chunk) items it ran."""
+    m = len(rows)
+    table = (structs.KVSlots * m)(*(c.slots for c, _ in rows))
+    longest = max(p + 1 for _, p in rows)
+    scratch = torch.empty(lib.edgellm_decode_attention_floats(heads, kv_heads, dim, longest, m, threads))
+    out = torch.empty(m, heads * dim)
+    items = lib.edgellm_decode_attention(table, q.data_ptr(), m, heads, kv_heads, dim, dim ** -0.5, 0.0,
+                                         (ctypes.c_int64 * m)(*(p + 1 for _, p in rows)),
+                                         (ctypes.c_int64 * m)(*(p for _, p in rows)), scratch.data_ptr(), out.data_ptr(),
+                                         threads)
+    return out.view(m, heads, dim), items
+
+
+@pytest.mark.parametrize("heads, kv_heads, dim", [(9, 3, 64), (4, 1, 256), (8, 4, 32)])
+@pytest.mark.parametrize("kv, page, first", [("f16", 32, 600), ("int8", 32, 250), ("int4", 30, 0), ("f16", 30, 507)])
+def test_rows_of_one_sequence_attend_together_as_each_would_alone(lib, heads, kv_heads, dim, kv, page, first):
+    """A prompt's piece: 8 rows at consecutive positions of one cache (from the first position, across
+    a change of chunking at 256 and 512 slots, on pages of 30) in one call, beside another sequence's
+    row, read each chunk's keys once for all — and give every row the floats it gets alone in a call
+    (a query vector set of 4 x 256 floats holds 4 rows: 8 make two sets), causally masked as fp64 says."""
+    g = torch.Generator().manual_seed(first + dim)
+    cache, other = _PagedCache((kv, kv), kv_heads, dim, first + 8, g, page=page), _PagedCache((kv, kv), kv_heads, dim, 300, g)
+    rows = [(other, 299)] + [(cache, first + j) for j in range(8)]
+    q = torch.randn(len(rows), heads, dim, generator=g) * 2
+    keys, values = cache.decoded(0), cache.decoded(1)
+    for threads in (1, 2):
+        together, items = _attend_rows(lib, rows, q, heads, kv_heads, dim, threads)
+        alone_items = []
+        for i, row in enumerate(rows):
+            alone, n = _attend_rows(lib, [row], q[i:i + 1].contiguous(), heads, kv_heads, dim, threads)
+            assert torch.equal(together[i], alone[0]), (threads, i, (together[i] - alone[0]).abs().max().item())
+            alone_items.append(n)
+        if dim * heads // kv_heads * 8 <= 4096 and first not in (250, 507):  # one set: each chunk read once
+            assert items == alone_items[0] + max(alone_items[1:])
+        else:  # two or three sets
+            assert items <= alone_items[0] + 3 * max(alone_items[1:]) and items < sum(alone_items)
+        for j in range(8):
+            seen = first + j + 1
+            for h in range(heads):
+                kh = h // (heads // kv_heads)
+                p = torch.softmax(keys[kh, :seen] @ q[1 + j, h].double() * dim ** -0.5, 0)
+                want = p @ values[kh, :seen]
+                assert torch.allclose(together[1 + j, h].double(), want, atol=2e-5, rtol=1e-4)

@@ -48,7 +48,7 @@ _SIGNATURES = {
     "edgellm_rms_norm": (None, [_p, _i64, _i64, _p, _f32, _p, _i, _i]),
     "edgellm_add_rms_norm": (None, [_p, _p, _i64, _i64, _p, _f32, _p, _i, _i]),
     "edgellm_kv_encode": (None, [_p, _i64, _i64, _p, _p, _p, _i64]),
-    "edgellm_decode_attention": (None, [_p, _p, _i, _i64, _i64, _i64, _f32, _f32, _p, _p, _p, _p, _i]),
+    "edgellm_decode_attention": (_i64, [_p, _p, _i, _i64, _i64, _i64, _f32, _f32, _p, _p, _p, _p, _i]),
     "edgellm_decode_attention_floats": (_i64, [_i64, _i64, _i64, _i64, _i, _i]),
     "edgellm_decode_attention_max_group_floats": (_i64, []),
     "edgellm_layer_floats": (_i64, [_p, _i]),

@@ -13,16 +13,16 @@ void edgellm_kv_encode(const float *x, int64_t rows, int64_t d, void *q, uint16_
     for (int64_t r = 0; r < rows; r++) kv_encode(&s, r, x + r * d, d);
 }
 
-/* Exported for tests: attend_rows (decode_attention.h), m rows over their own caches, with the
-   scratch edgellm_decode_attention_floats names. */
+/* Exported for tests: attend_rows (decode_attention.h), m rows over their caches, with the scratch
+   edgellm_decode_attention_floats names; returns the work items it ran. */
 int64_t edgellm_decode_attention_floats(int64_t n_heads, int64_t n_kv, int64_t d, int64_t max_len, int m, int threads) {
     return attend_floats(n_heads, n_kv, d, max_len, m, threads);
 }
 
-void edgellm_decode_attention(const KVSlots *caches, const float *q, int m, int64_t n_heads, int64_t n_kv, int64_t d,
-                              float scale, float softcap, const int64_t *slots, const int64_t *pos, float *scratch,
-                              float *out, int threads) {
-    attend_rows(caches, q, n_heads * d, m, n_heads, n_kv, d, scale, softcap, slots, pos, scratch, out, n_heads * d,
+int64_t edgellm_decode_attention(const KVSlots *caches, const float *q, int m, int64_t n_heads, int64_t n_kv,
+                                 int64_t d, float scale, float softcap, const int64_t *slots, const int64_t *pos,
+                                 float *scratch, float *out, int threads) {
+    return attend_rows(caches, q, n_heads * d, m, n_heads, n_kv, d, scale, softcap, slots, pos, scratch, out, n_heads * d,
                 threads);
 }
 

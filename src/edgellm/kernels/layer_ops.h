@@ -101,13 +101,14 @@ static inline void attention_in(const LayerDims *D, const float *x, const float 
 static inline void attention_out(const LayerDims *D, const Projection *o, KVSlots *caches, const int64_t *pos, int m,
                                  const LoraLayer *const *lora, const LayerBuffers *B, void *work, int threads) {
     int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d, width = qkv_width(D), slots[ATT_MAX_ROWS];
-    /* Rows of one sequence come in order, each seeing the ones before it; a new key must not
-       overwrite a ring slot that an earlier row still sees. So waves of rows of distinct sequences:
-       each wave's keys written, then the wave attended in one call. */
+    /* Rows of one sequence come in order, each seeing the ones before it (attention masks the later
+       ones' keys); but a new key must not overwrite a ring slot that an earlier row still sees. So
+       waves: each wave's keys written, then the wave attended in one call, a ring's rows in waves of
+       their own. */
     for (int i0 = 0, i1; i0 < m; i0 = i1) {
         for (i1 = i0 + 1; i1 < m && i1 - i0 < ATT_MAX_ROWS; i1++) {
             int repeated = 0;
-            for (int j = i0; j < i1; j++) repeated |= caches[j].pages == caches[i1].pages;
+            for (int j = i0; j < i1; j++) repeated |= caches[j].pages == caches[i1].pages && caches[i1].slot_pos;
             if (repeated) break;
         }
         for (int i = i0; i < i1; i++) {
