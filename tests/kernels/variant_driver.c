@@ -194,6 +194,88 @@ static void test_attention(void) {
     }
 }
 
+/* Decode attention's rows of one sequence in one call (a prompt's piece) against each row alone, in
+   ONE build: the floats must be the same bit for bit (greedy speculation relies on it). Alone, a
+   row's page holds NaN past its position, as a sequence's last page does. */
+#define RT_HKV 2
+#define RT_D 64
+#define RT_PAGE 30
+#define RT_PAGES 9
+typedef int64_t (*decode_att_t)(const KVSlots *, const float *, int, int64_t, int64_t, int64_t, float, float,
+                                const int64_t *, const int64_t *, float *, float *, int);
+typedef int64_t (*decode_att_floats_t)(int64_t, int64_t, int64_t, int64_t, int, int);
+typedef void (*kv_encode_t)(const float *, int64_t, int64_t, void *, uint16_t *, uint16_t *, int64_t);
+
+/* pages of one sequence's keys k and values v (RT_HKV x RT_PAGES * RT_PAGE x RT_D) in `codec`, slots
+   from `written` on NaN; their buffers in mem (2 per store) */
+static void rows_cache(kv_encode_t encode, int codec, const float *k, const float *v, int64_t written,
+                       KVPage *pages, void **mem) {
+    int64_t bytes = codec == KV_F32 ? 4 * RT_D : RT_D, scales = RT_D / 16, slots = RT_PAGES * RT_PAGE;
+    for (int p = 0; p < RT_PAGES; p++)
+        for (int kv = 0; kv < 2; kv++) {
+            uint8_t *q = malloc((size_t)(RT_HKV * RT_PAGE * bytes));
+            uint16_t *scale = malloc((size_t)(RT_HKV * RT_PAGE * scales) * 2);
+            for (int64_t g = 0; g < RT_HKV; g++)
+                for (int64_t t = 0; t < RT_PAGE; t++) {
+                    int64_t row = g * RT_PAGE + t, slot = p * RT_PAGE + t;
+                    if (slot < written) {
+                        encode((kv ? v : k) + (g * slots + slot) * RT_D, 1, RT_D, q + row * bytes, scale + row * scales,
+                               NULL, codec);
+                    } else {
+                        memset(q + row * bytes, 0xFF, (size_t)bytes);  /* f32: NaN */
+                        for (int64_t i = 0; i < scales; i++) scale[row * scales + i] = 0x7E00;  /* f16 NaN */
+                    }
+                }
+            KVStore store = {q, scale, NULL, codec};
+            if (kv) pages[p].v = store; else pages[p].k = store;
+            mem[2 * (2 * p + kv)] = q, mem[2 * (2 * p + kv) + 1] = scale;
+        }
+}
+
+static void test_rows_together_in(void *lib, const char *name) {
+    decode_att_t attend = (decode_att_t)sym(lib, "edgellm_decode_attention");
+    decode_att_floats_t need = (decode_att_floats_t)sym(lib, "edgellm_decode_attention_floats");
+    kv_encode_t encode = (kv_encode_t)sym(lib, "edgellm_kv_encode");
+    int64_t slots = RT_PAGES * RT_PAGE, firsts[] = {0, 250};
+    float *k = floats(RT_HKV * slots * RT_D), *v = floats(RT_HKV * slots * RT_D);
+    fill_f32(k, RT_HKV * slots * RT_D, 1.f), fill_f32(v, RT_HKV * slots * RT_D, 1.f);
+    for (int codec = KV_F32; codec <= KV_INT8; codec += KV_INT8 - KV_F32)
+        for (int group = 1; group <= 3; group++)
+            for (int f = 0; f < 2; f++) {
+                int64_t heads = group * RT_HKV, pos[8], filled[8];
+                float *q = floats(8 * heads * RT_D), *together = floats(8 * heads * RT_D), *alone = floats(heads * RT_D);
+                float *scratch = floats(need(heads, RT_HKV, RT_D, slots, 8, 1));
+                fill_f32(q, 8 * heads * RT_D, 2.f);
+                KVPage pages[RT_PAGES];
+                void *mem[4 * RT_PAGES];
+                KVSlots table[8];
+                for (int j = 0; j < 8; j++) pos[j] = firsts[f] + j, filled[j] = pos[j] + 1;
+                rows_cache(encode, codec, k, v, pos[7] + 1, pages, mem);
+                for (int j = 0; j < 8; j++) table[j] = (KVSlots){pages, RT_PAGE, slots, NULL, slots};
+                attend(table, q, 8, heads, RT_HKV, RT_D, 0.125f, 0.f, filled, pos, scratch, together, 1);
+                for (int i = 0; i < 4 * RT_PAGES; i++) free(mem[i]);
+                int same = 1;
+                for (int j = 0; j < 8; j++) {
+                    rows_cache(encode, codec, k, v, pos[j] + 1, pages, mem);
+                    attend(table, q + j * heads * RT_D, 1, heads, RT_HKV, RT_D, 0.125f, 0.f, filled + j, pos + j, scratch,
+                           alone, 1);
+                    same &= !memcmp(alone, together + j * heads * RT_D, (size_t)(heads * RT_D) * sizeof(float));
+                    for (int i = 0; i < 4 * RT_PAGES; i++) free(mem[i]);
+                }
+                printf("%s %s decode attention: 8 rows of one sequence at %lld.. (%s KV, %d heads a KV head) "
+                       "as each alone, bit for bit\n", same ? "ok  " : "FAIL", name, (long long)firsts[f],
+                       codec == KV_F32 ? "f32" : "int8", group);
+                failures += !same;
+                free(q), free(together), free(alone), free(scratch);
+            }
+    free(k), free(v);
+}
+
+static void test_rows_together(void) {
+    test_rows_together_in(cand, "candidate");
+    test_rows_together_in(ref, "reference");
+}
+
 static void test_row_kernels(void) {
     typedef void (*act_t)(const void *, int64_t, int64_t, int, void *, int, int);
     typedef void (*nr_t)(float *, int64_t, int64_t, int64_t, int64_t, const float *, float, const float *, const float *, int);
@@ -360,6 +442,7 @@ int main(int argc, char **argv) {
     test_int4_gemv();
     test_block_gemv();
     test_attention();
+    test_rows_together();
     test_row_kernels();
     test_kv_encode();
     test_layer(0, KV_INT8, KV_INT4);

@@ -125,15 +125,15 @@ ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const fl
             for (int64_t t = t0; t < t1; t++) sc[v * stride + t - t0] = softcap * tanhf(sc[v * stride + t - t0] / softcap);
     int64_t end = t0 + (t1 - t0 + VL - 1) / VL * VL;
     for (int j = 0; j < heads / group; j++) {
-        float *row = sc + j * group * stride - t0;
+        float *row = sc + j * group * stride;  /* slot t at row[h * stride + t - t0] */
         if (!c->slot_pos) {  /* a dense cache: row j sees slots up to its position */
             int64_t seen = pos[j] + 1 < t1 ? pos[j] + 1 : t1;
             for (int h = 0; h < group; h++)
-                for (int64_t t = seen > t0 ? seen : t0; t < end; t++) row[h * stride + t] = -INFINITY;
+                for (int64_t t = seen > t0 ? seen : t0; t < end; t++) row[h * stride + t - t0] = -INFINITY;
         } else {
             for (int64_t t = t0; t < end; t++)  /* empty ring slots hold zeros or old values: finite, masked here */
                 if (t >= t1 || !visible(c, t, pos[j]))
-                    for (int h = 0; h < group; h++) row[h * stride + t] = -INFINITY;
+                    for (int h = 0; h < group; h++) row[h * stride + t - t0] = -INFINITY;
         }
     }
 }
@@ -143,8 +143,9 @@ ALWAYS_INLINE void chunk_scores(const KVSlots *c, int codec, int64_t g, const fl
 /* Columns i0 .. i0 + tile * VL of o_h = sum_t p_h[t] V_g[t] for heads h0 .. h0 + nh (p: the chunk's
    weights, each head's `stride` apart): the heads' tiles stay in registers over the keys (of every
    page of the chunk), each value vector decoded once. `codec`, `nh` and `tile` are constants in each
-   instance (a run-time tile kept the sums on the stack and branched on it at every key). A key no
-   head of the pass weighs is skipped: its weights' bits are all zero (never -0: softmax gives +0). */
+   instance (a run-time tile kept the sums on the stack and branched on it at every key). A head adds
+   only the keys it weighs (a weight's bits all zero: never -0, softmax gives +0), so what a head gets
+   does not depend on the pass's other heads, even where a value is not finite. */
 ALWAYS_INLINE void value_tile(const KVSlots *c, int codec, int64_t g, const float *p, int h0, int nh, int tile,
                               int64_t d, int64_t i0, int64_t t0, int64_t t1, int64_t stride, float *o) {
     vf acc[HEADS_PER_PASS][VALUE_TILE];
@@ -156,12 +157,16 @@ ALWAYS_INLINE void value_tile(const KVSlots *c, int codec, int64_t g, const floa
         store.codec = codec;
         int64_t row0 = page_row0(c, g, a);
         for (int64_t t = a; t < b; t++) {
-            uint32_t any = 0, bits;
-            for (int h = 0; h < nh; h++) memcpy(&bits, p + (h0 + h) * stride + t - t0, 4), any |= bits;
+            uint32_t any = 0, zero = 0, bits;
+            for (int h = 0; h < nh; h++) {
+                memcpy(&bits, p + (h0 + h) * stride + t - t0, 4);
+                any |= bits, zero |= (uint32_t)(bits == 0) << h;
+            }
             if (!any) continue;
             vf value[VALUE_TILE];
             for (int j = 0; j < tile; j++) value[j] = kv_load(&store, row0 + t, d, i0 + j * VL);
             for (int h = 0; h < nh; h++) {
+                if (zero >> h & 1) continue;  /* 0 x an overflowed (inf) value would be NaN */
                 vf w = vf_set1(p[(h0 + h) * stride + t - t0]);
                 for (int j = 0; j < tile; j++) acc[h][j] = vf_fma(w, value[j], acc[h][j]);
             }

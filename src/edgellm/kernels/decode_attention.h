@@ -79,7 +79,7 @@ static inline int64_t attend_floats(int64_t n_heads, int64_t n_kv, int64_t d, in
    (or a row alone), and their share of the items. */
 typedef struct {
     int r0, rows, heads;      /* heads: query vectors an item holds, rows x query heads per KV head */
-    int64_t slots, chunks, per, first;  /* slots: the last row's; first: the set's first item */
+    int64_t slots, chunks, per, first;  /* slots: its rows' most; first: the set's first item */
     float *partial, *scores;  /* per item: o (heads x d), m (heads), l (heads); heads x (per + ATT_SCORE_PAD) scores */
 } RowSet;
 
@@ -108,11 +108,7 @@ static void attend_items(void *p, int64_t it0, int64_t it1) {
         int64_t local = it - r->first, g = local / r->chunks, t0 = (local % r->chunks) * r->per;
         int64_t t1 = t0 + r->per < r->slots ? t0 + r->per : r->slots, stride = r->per + ATT_SCORE_PAD;
         float *sc = r->scores + local * heads * stride, *o = r->partial + local * heads * (d + 2);
-        float *mx = o + heads * d, *l = mx + heads;
-        if (t0 >= t1) {
-            for (int h = 0; h < heads; h++) mx[h] = 0.f, l[h] = 0.f;
-            continue;
-        }
+        float *mx = o + heads * d, *l = mx + heads;  /* t0 < t1: a set has the chunks its longest row needs */
         /* the rows' queries of KV head g times the scale, on the stack: a multiply per score less, and
            the compiler knows the score stores leave them alone (kept in o's place, the scores took
            ~13 % longer). attend_rows sized the sets to fit. */
@@ -155,6 +151,10 @@ static inline int64_t attend_rows(const KVSlots *caches, const float *q, int64_t
     if (group * d > ATT_MAX_GROUP_FLOATS) {  /* kernels/decode.py declines such a model: never here */
         fprintf(stderr, "edgellm: decode attention takes at most %d query floats per KV head, got %lld\n",
                 ATT_MAX_GROUP_FLOATS, (long long)(group * d));
+        abort();
+    }
+    if (m > ATT_MAX_ROWS) {  /* attention_out calls in waves of at most that many */
+        fprintf(stderr, "edgellm: decode attention takes at most %d rows a call, got %d\n", ATT_MAX_ROWS, m);
         abort();
     }
     threads = threads < ATT_MAX_THREADS ? threads : ATT_MAX_THREADS;

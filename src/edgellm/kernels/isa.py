@@ -38,8 +38,10 @@ class Variant:
         return "bf16" in self.extras
 
     def compiler_flags(self) -> list[str]:
+        # scalar: a * b + c stays two roundings wherever it is inlined (GCC fuses it into an FMA in some
+        # copies and not others on aarch64, so one attention row's floats depended on its pass's heads)
         arch = {"avx512": ["-march=x86-64-v4", "-mavx512vnni"], "avx2": ["-march=x86-64-v3"],
-                "neon": ["-march=armv8.2-a+fp16+dotprod"], "scalar": []}[self.name]
+                "neon": ["-march=armv8.2-a+fp16+dotprod"], "scalar": ["-ffp-contract=off"]}[self.name]
         extra = {"avx512": {"bf16": "-mavx512bf16"}, "avx2": {"vnni": "-mavxvnni"}}.get(self.name, {})
         return arch + [extra[e] for e in sorted(self.extras) if e in extra]
 
