@@ -13,7 +13,10 @@ import torch
 import edgellm
 from edgellm import kernels
 from edgellm.generate.generator import decode_step
+from edgellm.kernels import decode as kernels_decode
 from edgellm.kernels.decode import _NativeHead, fused_step
+from edgellm.kernels.layer_structs import linears as layer_linears
+from edgellm.quant import linear as kernels_linear
 from edgellm.kv import BatchKV, KVConfig, RingCache
 from edgellm.kv.codecs import CODECS
 
@@ -297,16 +300,16 @@ def test_a_token_outside_the_vocabulary_is_an_index_error_not_a_wild_read(smollm
 
 @pytest.mark.parametrize("name, tolerance", [("smollm2_path", 1e-3), ("gemma3_path", 1e-2)])
 def test_a_short_prompt_goes_natively_in_pieces_with_the_prompt_paths_logits(name, tolerance, request):
-    """A prompt of at most NATIVE_PROMPT_TOKENS runs as pieces of up to MAX_SEQS rows of the native
-    step (prefill), every row's logits as the PyTorch layers give them, and the next decode steps
-    from that cache agree as well."""
-    from edgellm.generate.generator import NATIVE_PROMPT_TOKENS, prefill
+    """A prompt of at most the decoder's prompt_tokens runs as pieces of up to MAX_SEQS rows of the
+    native step (prefill), every row's logits as the PyTorch layers give them, and the next decode
+    steps from that cache agree as well."""
+    from edgellm.generate.generator import prefill
     from edgellm.kernels.decode import MAX_SEQS
 
     with edgellm.load(request.getfixturevalue(name)) as model:
         net = model.net
         ids = model.tokenizer.encode("The harbour light turns over the water, slow and patient, every night of the year.")
-        assert MAX_SEQS < len(ids) <= NATIVE_PROMPT_TOKENS  # more than one native piece
+        assert MAX_SEQS < len(ids) <= net.decoder.prompt_tokens  # more than one native piece
         with torch.inference_mode():
             piece = torch.tensor([ids[:MAX_SEQS]])
             rows = {}
@@ -481,3 +484,46 @@ def test_a_pieces_rows_after_a_long_history_get_what_one_token_a_step_gets(name,
         assert torch.equal(together, torch.stack(rows))
         for seq in (base, together_seq, one_seq):
             seq.release()
+
+
+def test_the_native_pieces_take_prompts_as_long_as_they_were_measured_faster():
+    """Per variant, the longest prompt the native pieces take (measured on a Zen 5: the prompt path's
+    fixed cost is fp32 or bf16 unpacking on AVX-512, small with AVX2's int8 GEMMs)."""
+    from edgellm.kernels.decode import native_prompt_tokens
+    from edgellm.quant.linear import UNPACK_ROWS
+
+    avx512, bf16 = kernels.Variant("avx512"), kernels.Variant("avx512", frozenset({"bf16"}))
+    assert native_prompt_tokens(avx512, False) == 512  # fp32 prompt GEMMs: pieces 2x faster at 512 tokens
+    assert native_prompt_tokens(bf16, True) == 64 and native_prompt_tokens(bf16, False) == 32
+    assert native_prompt_tokens(kernels.Variant("avx2"), True) == UNPACK_ROWS - 1  # int8 GEMMs from there
+    assert native_prompt_tokens(kernels.Variant("avx2", frozenset({"vnni"})), True) == UNPACK_ROWS - 1
+
+
+@pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
+def test_a_prompt_goes_in_native_pieces_up_to_the_decoders_limit_and_whole_beyond(name, request, monkeypatch):
+    """prefill sends a prompt of prompt_tokens tokens through the native pieces and one token longer
+    through the prompt path (no native call), the limit being the variant's for the model's weights."""
+    from edgellm.generate.generator import prefill
+
+    with edgellm.load(request.getfixturevalue(name)) as model, torch.inference_mode():
+        net = model.net
+        limit = net.decoder.prompt_tokens
+        single = all(isinstance(m, kernels_linear.Int4Linear) and m.planes == 1
+                     for block in net.blocks for m in layer_linears(block))
+        assert limit == kernels_decode.native_prompt_tokens(kernels.selected(), single)
+        ids = (model.tokenizer.encode("The tide comes in and goes out. " * 80) * 2)[:limit + 1]
+        calls = {"native": 0}
+        step_rows = net.decoder.step_rows
+
+        def counted(*args, **kwargs):
+            calls["native"] += 1
+            return step_rows(*args, **kwargs)
+
+        monkeypatch.setattr(net.decoder, "step_rows", counted)
+        for n, native in ((limit, True), (limit + 1, False)):
+            calls["native"] = 0
+            seq, _ = model.kv.new_sequence()
+            prefill(net, seq, ids[:n])
+            seq.release()
+            model.kv.forget_prefixes()
+            assert (calls["native"] > 0) == native, n

@@ -18,10 +18,6 @@ from edgellm.kv import BatchKV, KVManager, SequenceKV
 from edgellm.memory import peak_rss_bytes, return_freed_heap
 
 PREFILL_CHUNK = 512  # tokens per prefill pass: bounds attention scratch memory
-# A prompt (or what a cached prefix leaves of it) up to this long goes in as pieces of MAX_SEQS rows
-# of the native decode step: cheaper than the prompt path's eager layers below ~32 tokens
-# (SmolLM2, AVX-512: 9 tokens 12 against 22 ms, 16 tokens 23 against 28 ms, 64 tokens 91 against 71).
-NATIVE_PROMPT_TOKENS = 32
 
 
 class CausalLM(Protocol):
@@ -32,12 +28,14 @@ class CausalLM(Protocol):
 
 def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
     """Run `ids` through the model into `seq` in pieces of at most `chunk` that end on KV block
-    boundaries (at most NATIVE_PROMPT_TOKENS of them: pieces of MAX_SEQS rows of the native decode
-    step); returns the last position's logits. (A ring-window-sized piece that began inside a
+    boundaries (at most the decoder's `prompt_tokens` of them: pieces of MAX_SEQS rows of the native
+    decode step, where they beat the prompt path: kernels/decode.py native_prompt_tokens); returns the
+    last position's logits. (A ring-window-sized piece that began inside a
     block — after a few tokens interleaved with other streams — would push that block's first
     tokens out of the ring before the block is remembered for prefix reuse: prefill_chunk.)"""
     logits, start, block = None, 0, seq.config.block_size
-    native = getattr(model, "decoder", None) is not None and len(ids) <= NATIVE_PROMPT_TOKENS
+    decoder = getattr(model, "decoder", None)
+    native = decoder is not None and len(ids) <= decoder.prompt_tokens
     while start < len(ids):
         size = MAX_SEQS if native else chunk
         if size >= block:  # a piece shorter than a block cannot push a block's first tokens out of a ring

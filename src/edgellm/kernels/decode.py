@@ -33,6 +33,7 @@ from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16
 from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.embedding import BlockEmbedding
+from edgellm.quant.linear import UNPACK_ROWS, Int4Linear
 
 log = logging.getLogger("edgellm.kernels")
 
@@ -60,6 +61,22 @@ class NativeModel(Protocol):
     def head(self, x: torch.Tensor) -> torch.Tensor: ...  # final hidden states -> fp32 logits
     # (norm, lm_head) where head(x) is lm_head(norm(x)) with norm models/layers.py's RMSNorm, else None
     def head_parts(self) -> tuple | None: ...
+
+
+def native_prompt_tokens(variant: kernels.Variant, single_plane_int4: bool) -> int:
+    """The longest prompt (or what a cached prefix leaves of it) that goes in as pieces of MAX_SEQS
+    rows of the native step rather than through the prompt path: as far as the pieces were measured
+    faster (docs/performance.md stop 42, SmolLM2 and Gemma 3 on a Zen 5, each variant).
+
+    AVX-512 without bf16 multiplies prompts in fp32 after unpacking every weight: the pieces are ~2x
+    faster even at 512 tokens, as far as measured. With bf16 the unpacking still costs a short
+    prompt as much as ~40 tokens of pieces: they win up to ~64 tokens where every layer weight is
+    one plane of 4-bit codes (SmolLM2, 48 tokens: 24 against 54 ms), to ~32 on other formats (Gemma
+    3's, 40 tokens: 41 against 35). On AVX2 the int8 GEMMs take over from UNPACK_ROWS rows and win
+    there (SmolLM2, 32 tokens: 27 against 36 ms). NEON and scalar: not measured, 32."""
+    if variant.name == "avx512":
+        return 512 if not variant.bf16 else 64 if single_plane_int4 else 32
+    return UNPACK_ROWS - 1 if variant.name == "avx2" else 32
 
 
 def attention_fits(cfg, lib: ctypes.CDLL | None) -> bool:
@@ -91,6 +108,8 @@ class FusedDecoder:
         self._rope_chunks: dict[int, _RopeChunk] = {}  # by position // _ROPE_CHUNK, oldest first
         self._rope_rows: list[tuple] = []  # per table, a batch's cos and sin rows (numpy, MAX_SEQS x D)
         self._head = _NativeHead.of(net, self.lib)
+        single_plane = all(isinstance(m, Int4Linear) and m.planes == 1 for block in net.blocks for m in linears(block))
+        self.prompt_tokens = native_prompt_tokens(kernels.selected(), single_plane)  # generator.prefill's choice
 
     @classmethod
     def build(cls, net: NativeModel, mode: str) -> FusedDecoder | None:
