@@ -217,10 +217,19 @@ ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, cons
         for (int c = 0; c < 8; c++) {
             int64_t g = b * 8 + c;  /* 32-weight group */
             wide32 w = widen(sb.q[c]);
-            for (int i = 0; i < m; i++) {
+#if EDGELLM_AVX512
+            /* the chunk's two scales as one vector for every activation row: fma_dot_wide's test of
+               s0 == s1 per row and chunk mispredicted on Q6_K's scales (Gemma's 8-row pieces 5.1 ->
+               4.4 ms); the same products, lane by lane */
+            __m512 sw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sb.s0[c]), _mm512_set1_ps(sb.s1[c]));
+            for (int i = 0; i < m; i++)
+                acc[i] = fma_dot_scaled(acc[i], w, &act[i], g * 32, _mm512_mul_ps(sw, _mm512_set1_ps(act[i].dx[g])));
+#else
+            for (int i = 0; i < m; i++)
                 acc[i] = fma_dot_wide(acc[i], w, &act[i], g * 32, sb.s0[c] * act[i].dx[g], sb.s1[c] * act[i].dx[g]);
-                offset[i] += sb.off[c] * act[i].sum[g];
-            }
+#endif
+            if (type != BLOCK_Q6_K)  /* Q6_K has no offsets */
+                for (int i = 0; i < m; i++) offset[i] += sb.off[c] * act[i].sum[g];
         }
     }
     for (int i = 0; i < m; i++) out[i] = vf_sum(acc[i]) - offset[i];
@@ -241,8 +250,14 @@ ALWAYS_INLINE void gemv_rows(const BlockGemv *a, int type, int64_t r0, int64_t r
     for (int64_t r = r0; r < r1; r++) {
         float out[MAX_M];
         for (int64_t p = 0; p < rb; p += 64) __builtin_prefetch(a->blocks + (r + ahead) * rb + p);
-        if (a->m == 1) row_dots(a->blocks + r * rb, type, a->k, 1, a->act, out);  /* a constant m: registers only */
-        else row_dots(a->blocks + r * rb, type, a->k, a->m, a->act, out);
+        const uint8_t *row = a->blocks + r * rb;
+        switch (a->m) {  /* a constant m keeps the sums in registers (Gemma's 8-row pieces 5.5 -> 5.1 ms) */
+        case 1: row_dots(row, type, a->k, 1, a->act, out); break;
+        case 2: row_dots(row, type, a->k, 2, a->act, out); break;
+        case 4: row_dots(row, type, a->k, 4, a->act, out); break;
+        case 8: row_dots(row, type, a->k, 8, a->act, out); break;
+        default: row_dots(row, type, a->k, a->m, a->act, out);
+        }
         float scale = a->row_scale ? bf16_to_f32(a->row_scale[r]) : 1.f;
         for (int i = 0; i < a->m; i++) a->y[i * a->ldy + r] = out[i] * scale;
     }

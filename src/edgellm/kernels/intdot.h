@@ -270,6 +270,15 @@ static inline wide32 q5_0_wide(const uint8_t *b) {
 #endif
 }
 
+#if EDGELLM_AVX512
+/* acc + s * (the 16 lanes' sums of w[2j] * q[k + 2j] + w[2j + 1] * q[k + 2j + 1]): fma_dot_wide with
+   its scales already a vector */
+static inline __m512 fma_dot_scaled(__m512 acc, wide32 w, const Act *a, int64_t k, __m512 s) {
+    __m512i d = dpwssd512(_mm512_setzero_si512(), w, _mm512_loadu_si512((const void *)(a->q + k)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc);
+}
+#endif
+
 /* acc + s0 * (partial sums of w[j] * q[k + j], j < 16) + s1 * (the same for 16 <= j < 32): one scale
    per block (s0 == s1), or Q6_K's two sub-blocks of 16. */
 static inline vf fma_dot_wide(vf acc, wide32 w, const Act *a, int64_t k, float s0, float s1) {
