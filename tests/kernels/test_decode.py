@@ -13,10 +13,7 @@ import torch
 import edgellm
 from edgellm import kernels
 from edgellm.generate.generator import decode_step
-from edgellm.kernels import decode as kernels_decode
-from edgellm.kernels.decode import _NativeHead, fused_step
-from edgellm.kernels.layer_structs import linears as layer_linears
-from edgellm.quant import linear as kernels_linear
+from edgellm.kernels.decode import _NativeHead, fused_step, native_prompt_tokens
 from edgellm.kv import BatchKV, KVConfig, RingCache
 from edgellm.kv.codecs import CODECS
 
@@ -489,7 +486,6 @@ def test_a_pieces_rows_after_a_long_history_get_what_one_token_a_step_gets(name,
 def test_the_native_pieces_take_prompts_as_long_as_they_were_measured_faster():
     """Per variant, the longest prompt the native pieces take (measured on a Zen 5: the prompt path's
     fixed cost is fp32 or bf16 unpacking on AVX-512, small with AVX2's int8 GEMMs)."""
-    from edgellm.kernels.decode import native_prompt_tokens
     from edgellm.quant.linear import UNPACK_ROWS
 
     avx512, bf16 = kernels.Variant("avx512"), kernels.Variant("avx512", frozenset({"bf16"}))
@@ -502,15 +498,14 @@ def test_the_native_pieces_take_prompts_as_long_as_they_were_measured_faster():
 @pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
 def test_a_prompt_goes_in_native_pieces_up_to_the_decoders_limit_and_whole_beyond(name, request, monkeypatch):
     """prefill sends a prompt of prompt_tokens tokens through the native pieces and one token longer
-    through the prompt path (no native call), the limit being the variant's for the model's weights."""
+    through the prompt path (no native call), the limit being the variant's for the model's weights:
+    SmolLM2's layers are all one plane of 4-bit codes, Gemma 3's Q4_K_M mixes in 5- and 6-bit ones."""
     from edgellm.generate.generator import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model, torch.inference_mode():
         net = model.net
         limit = net.decoder.prompt_tokens
-        single = all(isinstance(m, kernels_linear.Int4Linear) and m.planes == 1
-                     for block in net.blocks for m in layer_linears(block))
-        assert limit == kernels_decode.native_prompt_tokens(kernels.selected(), single)
+        assert limit == native_prompt_tokens(kernels.selected(), single_plane_int4=name == "smollm2_path")
         ids = (model.tokenizer.encode("The tide comes in and goes out. " * 80) * 2)[:limit + 1]
         calls = {"native": 0}
         step_rows = net.decoder.step_rows

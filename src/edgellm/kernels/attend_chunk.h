@@ -75,7 +75,7 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
                                const KVSlots *c, int64_t g, int64_t ahead_end) {
     KVStore store = *k;
     store.codec = codec;
-    int64_t len = stride, t = t0;
+    int64_t t = t0;
     for (; t + 4 <= t1; t += 4) {
         if (t + ATT_PREFETCH_SLOTS < ahead_end) kv_prefetch_slots(c, codec, g, t + ATT_PREFETCH_SLOTS, d);
         vf acc[HEADS_PER_PASS][4];
@@ -89,7 +89,7 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
             }
         }
         for (int h = 0; h < nh; h++) {
-            float *out = sc + (h0 + h) * len + t - t0;
+            float *out = sc + (h0 + h) * stride + t - t0;
             vf_sum4(acc[h][0], acc[h][1], acc[h][2], acc[h][3], out);
         }
     }
@@ -97,7 +97,7 @@ ALWAYS_INLINE void head_scores(const KVStore *k, int codec, int64_t row0, const 
         for (int h = 0; h < nh; h++) {
             vf acc = vf_zero();
             for (int64_t i = 0; i < d; i += VL) acc = vf_fma(vf_load(q + (h0 + h) * d + i), kv_load(&store, row0 + t, d, i), acc);
-            sc[(h0 + h) * len + t - t0] = vf_sum(acc);
+            sc[(h0 + h) * stride + t - t0] = vf_sum(acc);
         }
 }
 

@@ -145,8 +145,8 @@ static inline int joins(const RowSet *r, const KVSlots *caches, int i, int64_t p
    not depend on what else is in the call. scratch holds attend_floats(...) floats. Returns the
    items it ran. */
 static inline int64_t attend_rows(const KVSlots *caches, const float *q, int64_t q_stride, int m, int64_t n_heads,
-                               int64_t n_kv, int64_t d, float scale, float softcap, const int64_t *slots,
-                               const int64_t *pos, float *scratch, float *out, int64_t out_stride, int threads) {
+                                  int64_t n_kv, int64_t d, float scale, float softcap, const int64_t *slots,
+                                  const int64_t *pos, float *scratch, float *out, int64_t out_stride, int threads) {
     int group = (int)(n_heads / n_kv);
     if (group * d > ATT_MAX_GROUP_FLOATS) {  /* kernels/decode.py declines such a model: never here */
         fprintf(stderr, "edgellm: decode attention takes at most %d query floats per KV head, got %lld\n",

@@ -283,10 +283,8 @@ static inline __m512 fma_dot_scaled(__m512 acc, wide32 w, const Act *a, int64_t 
    per block (s0 == s1), or Q6_K's two sub-blocks of 16. */
 static inline vf fma_dot_wide(vf acc, wide32 w, const Act *a, int64_t k, float s0, float s1) {
 #if EDGELLM_AVX512
-    __m512i d = dpwssd512(_mm512_setzero_si512(), w, _mm512_loadu_si512((const void *)(a->q + k)));
-    __m512 s = s0 == s1 ? _mm512_set1_ps(s0)  /* lane j: weights 2j, 2j + 1 */
-                        : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc);
+    return fma_dot_scaled(acc, w, a, k, s0 == s1 ? _mm512_set1_ps(s0)  /* lane j: weights 2j, 2j + 1 */
+                                                 : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1)));
 #elif EDGELLM_AVX2
     __m256i d0 = madd_acc(_mm256_setzero_si256(), w.lo, _mm256_loadu_si256((const __m256i *)(a->q + k)));
     if (s0 == s1) {

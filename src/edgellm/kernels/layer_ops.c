@@ -22,8 +22,8 @@ int64_t edgellm_decode_attention_floats(int64_t n_heads, int64_t n_kv, int64_t d
 int64_t edgellm_decode_attention(const KVSlots *caches, const float *q, int m, int64_t n_heads, int64_t n_kv,
                                  int64_t d, float scale, float softcap, const int64_t *slots, const int64_t *pos,
                                  float *scratch, float *out, int threads) {
-    return attend_rows(caches, q, n_heads * d, m, n_heads, n_kv, d, scale, softcap, slots, pos, scratch, out, n_heads * d,
-                threads);
+    return attend_rows(caches, q, n_heads * d, m, n_heads, n_kv, d, scale, softcap, slots, pos, scratch, out,
+                       n_heads * d, threads);
 }
 
 /* The most query floats per KV head (query heads per KV head x head_dim) the decode layers take. */
