@@ -13,7 +13,7 @@ import torch
 import edgellm
 from edgellm import kernels
 from edgellm.generate.generator import decode_step
-from edgellm.kernels.decode import _NativeHead, fused_step, native_prompt_tokens
+from edgellm.kernels.decode import MAX_SEQS, _NativeHead, fused_step, native_prompt_tokens
 from edgellm.kv import BatchKV, KVConfig, RingCache
 from edgellm.kv.codecs import CODECS
 
@@ -301,7 +301,6 @@ def test_a_short_prompt_goes_natively_in_pieces_with_the_prompt_paths_logits(nam
     native step (prefill), every row's logits as the PyTorch layers give them, and the next decode
     steps from that cache agree as well."""
     from edgellm.generate.generator import prefill
-    from edgellm.kernels.decode import MAX_SEQS
 
     with edgellm.load(request.getfixturevalue(name)) as model:
         net = model.net
@@ -433,7 +432,6 @@ def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monk
     cost each earlier piece ~4 ms): one head call, and the same logits and KV as with every head run."""
     from edgellm.generate import generator
     from edgellm.generate.generator import prefill
-    from edgellm.kernels.decode import MAX_SEQS
 
     with edgellm.load(smollm2_path) as model, torch.inference_mode():
         net, heads = model.net, []
@@ -453,6 +451,41 @@ def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monk
             assert torch.equal(a.pages[0].k.parts["x"][:, :, :len(ids)], b.pages[0].k.parts["x"][:, :, :len(ids)])
         skipping.release()
         every.release()
+
+
+def test_a_newcomers_piece_that_does_not_end_its_prompt_skips_the_head_in_a_shared_call(smollm2_path, monkeypatch):
+    """decode_with_prompt_chunks: the decode row and a newcomer whose piece ends its prompt go through
+    the head, a newcomer still mid-prompt through the layers only (its logits nobody reads); the
+    logits and the KV written are those of the same call with every entry's row through the head."""
+    from edgellm.generate.generator import decode_with_prompt_chunks
+
+    with edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0)) as model, torch.inference_mode():
+        net, heads, native_head = model.net, [], model.net.decoder._head
+        monkeypatch.setattr(net.decoder, "_head", lambda x: heads.append(x.shape[0]) or native_head(x))
+
+        def three():
+            running = model.generation("Once upon a time", max_tokens=8)
+            running.accept(running.prefill())
+            return running, model.generation("Hello", max_tokens=8), model.generation("The sea " * 6, max_tokens=8)
+
+        running, ending, midway = three()
+        assert 1 + ending.prompt_left + 3 <= MAX_SEQS < midway.prompt_left
+        heads.clear()
+        logits, firsts = decode_with_prompt_chunks(net, [running], [(ending, ending.prompt_left), (midway, 3)])
+        assert heads == [2] and firsts[0] is not None and firsts[1] is None
+        written = [layer.pages[0].k.parts["x"][:, :, :3].clone() for layer in midway.seq.layers]
+
+        ref_running, ref_ending, ref_midway = three()
+        work = [(ref_running.seq, [ref_running.next_token]), (ref_ending.seq, ref_ending.prompt_ids),
+                (ref_midway.seq, ref_midway.prompt_ids[:3])]
+        for seq, tokens in work:
+            seq.prepare(len(tokens))
+        reference = net.decoder.step_rows([(seq.layers, tokens) for seq, tokens in work])
+        assert reference.shape[0] == 3
+        assert torch.equal(logits[0], reference[0]) and torch.equal(firsts[0], reference[1])
+        assert all(torch.equal(a, b.pages[0].k.parts["x"][:, :, :3]) for a, b in zip(written, ref_midway.seq.layers))
+        for g in (running, ending, midway, ref_running, ref_ending, ref_midway):
+            g.close()
 
 
 @pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])

@@ -52,7 +52,8 @@ def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = P
 def _layers_alone(model: CausalLM, seq: SequenceKV, piece: list[int]) -> bool:
     """A prompt's piece before its last through the native layers without the head, whose logits
     nobody reads (Gemma 3's 262k-row head: ~4 ms a call); False where the native call cannot take it."""
-    done = model.decoder.step_rows([(seq.layers, piece)], adapters=[getattr(seq, "adapter", None)], head=False)
+    done = model.decoder.step_rows([(seq.layers, piece)], adapters=[getattr(seq, "adapter", None)],
+                                    wanted=[False])
     return done is not None
 
 
@@ -110,7 +111,7 @@ class Generation:
     def next_prompt_piece(self, max_tokens: int) -> list[int]:
         return self.prompt_ids[self.prefilled:self.prefilled + min(max_tokens, self.prompt_left)]
 
-    def prompt_advanced(self, n: int, logits: torch.Tensor) -> torch.Tensor | None:
+    def prompt_advanced(self, n: int, logits: torch.Tensor | None) -> torch.Tensor | None:
         """n more prompt tokens are in the KV (`logits` of the last); the logits once all are."""
         self.prefilled += n
         if self.prompt_left:
@@ -249,17 +250,19 @@ def decode_with_prompt_chunks(model: CausalLM, generations: list[Generation],
     for (new, _), piece in zip(newcomers, pieces):
         new.seq.prepare(len(piece))
     everyone = [*generations, *(new for new, _ in newcomers)]
+    ending = [len(piece) == new.prompt_left for (new, _), piece in zip(newcomers, pieces)]  # their logits only
     logits = decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations]
                                + [(new.seq.layers, piece) for (new, _), piece in zip(newcomers, pieces)],
-                               adapters=[g.seq.adapter for g in everyone])
+                               adapters=[g.seq.adapter for g in everyone], wanted=[True] * len(generations) + ending)
     if logits is None:
         return None
     for g in generations:
         g.seq.advance([g.next_token])
-    firsts = []
-    for i, ((new, _), piece) in enumerate(zip(newcomers, pieces)):
+    firsts, row = [], len(generations)
+    for (new, _), piece, last in zip(newcomers, pieces, ending):
         new.seq.advance(piece)
-        firsts.append(new.prompt_advanced(len(piece), logits[len(generations) + i]))
+        firsts.append(new.prompt_advanced(len(piece), logits[row] if last else None))
+        row += last
     return logits[:len(generations)], firsts
 
 

@@ -152,14 +152,15 @@ class FusedDecoder:
         return logits.unsqueeze(0) if tokens.shape[1] > 1 and not last_only else logits.unsqueeze(1)
 
     def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False,
-                  adapters: Sequence | None = None, head: bool = True) -> torch.Tensor | None:
+                  adapters: Sequence | None = None, wanted: Sequence[bool] | None = None) -> torch.Tensor | None:
         """One native call for several sequences' next tokens through every layer: (a sequence's per-layer
         caches, its tokens), one token for a decode step or a few for a prompt chunk or a
         speculative check (rows of one sequence are written and attended in order, so each sees
         the ones before it: causal). At most MAX_SEQS rows in all. `adapters`: each entry's LoRA
-        adapter (None: the base). Returns (len(work), V) logits of each entry's last token
-        (every_row: (rows, V), each row's; head=False: (0, V), the layers alone — a prompt's piece
-        whose logits nobody reads), or None if the caches or adapters do not fit."""
+        adapter (None: the base). Returns the logits of each entry's last token, (len(work), V) —
+        or of the entries `wanted` says, in order: a prompt's piece whose logits nobody reads skips
+        the head (Gemma 3's 262k rows: ~4 ms a call), none wanted is (0, V), the layers alone;
+        every_row: (rows, V), each row's — or None if the caches or adapters do not fit."""
         rows = [(layers, layers[0].offset + j, t) for layers, tokens in work for j, t in enumerate(tokens)]
         m = len(rows)
         lora = self._lora_rows(work, adapters)
@@ -181,10 +182,12 @@ class FusedDecoder:
         for layers, _, _ in rows:
             for cache in layers:
                 cache.mark_written(1)
-        if not head:
-            return x.new_empty(0, self.net.config.vocab_size)
-        if not every_row and len(work) < m:  # only each entry's last row goes through the head
-            x = x[torch.tensor(_last_rows(work))]
+        if not every_row:  # only the last row of each entry wanted goes through the head
+            last = [row for row, want in zip(_last_rows(work), wanted or [True] * len(work)) if want]
+            if not last:
+                return x.new_empty(0, self.net.config.vocab_size)
+            if len(last) < m:
+                x = x[torch.tensor(last)]
         if self._head is not None:
             with kernels.profiled("edgellm::head"):
                 return self._head(x)
