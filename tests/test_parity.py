@@ -152,13 +152,15 @@ def test_fast_teacher_forcedagreement(pair):
     assert top1 >= 0.96 and kl < 2e-3
 
 
-INTEGER_GEMMS = [("avx2+vnni", "int8 + int16", {"avx_vnni"}), ("avx2", "int8", {"avx2", "fma", "f16c"})]
+INTEGER_GEMMS = [("avx2+vnni", "int8 + int16", {"avx_vnni"}), ("avx2", "int8", {"avx2", "fma", "f16c"}),
+                 ("avx512", "int8", {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})]
 
 
 @pytest.mark.parametrize("variant, gemm, needs", INTEGER_GEMMS, ids=[v for v, _, _ in INTEGER_GEMMS])
 def test_fast_prompt_agreement_with_integer_gemms(pair, variant, gemm, needs, monkeypatch):
-    """The prompt path on a variant without native bf16, whose GEMMs are int8_gemm.c's (4-bit and Q5_0
-    codes) and, with AVX-VNNI, int16_gemm.c's for the other weights, agrees with the reference."""
+    """The prompt path on a variant without native bf16, whose GEMMs are int8_gemm.c's (4-bit, Q5_0 and
+    Q6_K codes; on AVX-512 in zmm) and, with AVX-VNNI, int16_gemm.c's for the other weights, agrees
+    with the reference."""
     from edgellm import kernels
     from edgellm.kernels import build, isa
 

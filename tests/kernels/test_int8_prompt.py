@@ -1,4 +1,4 @@
-"""The int8 prompt GEMM (int8_gemm.c, both AVX2 builds): the weights' own codes (I4R64, widened Q5_0 in
+"""The int8 prompt GEMM (int8_gemm.c, the AVX2 and AVX-512 builds): the weights' own codes (I4R64, widened Q5_0 in
 Q8R16) times int8 activations per token and group of 32, each token's largest activations in fp32,
 against an fp64 rendering of the same arithmetic and against the fp32 product; a token's row whatever
 shares its call; and the linears that take it."""
@@ -163,16 +163,22 @@ def test_bad_shapes_are_refused():
         Int8Prompt(torch.randn(2, 128), lib).times_i4r64(packed, pairs, (0, 64))
 
 
-def test_int8_gemm_is_in_the_avx2_builds(variant, lib):
-    assert kernels.int8_gemm_native(lib) == (variant.name == "avx2")
+def test_int8_gemm_is_in_the_x86_builds(variant, lib):
+    assert kernels.int8_gemm_native(lib) == (variant.name in ("avx2", "avx512"))
 
 
-@pytest.mark.skipif("avx_vnni" not in cpu_features(), reason="the CPU has no AVX-VNNI")
-def test_avx_vnni_makes_the_same_floats_as_plain_avx2():
-    """vpdpbusd sums 4 products into int32 where vpmaddubsw + vpmaddwd sum them via int16: the same
-    integers, then the same float operations."""
+VNNI_BUILDS = [pytest.param(Variant("avx2", frozenset({"vnni"})), marks=pytest.mark.skipif(
+                   "avx_vnni" not in cpu_features(), reason="the CPU has no AVX-VNNI")),
+               pytest.param(Variant("avx512"), marks=pytest.mark.skipif(
+                   Variant("avx512") not in kernels.runnable(), reason="the CPU cannot run the avx512 kernels"))]
+
+
+@pytest.mark.parametrize("build", VNNI_BUILDS, ids=lambda v: v.label)
+def test_vpdpbusd_builds_make_the_same_floats_as_plain_avx2(build):
+    """vpdpbusd (AVX-VNNI, or AVX512-VNNI on 256-bit registers) sums 4 products into int32 where
+    vpmaddubsw + vpmaddwd sum them via int16: the same integers, then the same float operations."""
     gen = torch.Generator().manual_seed(13)
-    plain, vnni = kernels.library_for(AVX2), kernels.library_for(Variant("avx2", frozenset({"vnni"})))
+    plain, vnni = kernels.library_for(AVX2), kernels.library_for(build)
     packed, pairs, _ = _i4r64(128, 640, gen)
     rows, _ = _q5_0_in_q8r16(48, 640, gen)
     x = _activations(9, 640, gen)

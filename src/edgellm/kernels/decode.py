@@ -68,14 +68,15 @@ def native_prompt_tokens(variant: kernels.Variant, single_plane_int4: bool) -> i
     rows of the native step rather than through the prompt path: as far as the pieces were measured
     faster (docs/performance.md stop 42, SmolLM2 and Gemma 3 on a Zen 5, each variant).
 
-    AVX-512 without bf16 multiplies prompts in fp32 after unpacking every weight: the pieces are ~2x
-    faster even at 512 tokens, as far as measured. With bf16 the unpacking still costs a short
-    prompt as much as ~40 tokens of pieces: they win up to ~64 tokens where every layer weight is
-    one plane of 4-bit codes (SmolLM2, 48 tokens: 24 against 54 ms), to ~32 on other formats (Gemma
-    3's, 40 tokens: 41 against 35). On AVX2 the int8 GEMMs take over from UNPACK_ROWS rows and win
-    there (SmolLM2, 32 tokens: 27 against 36 ms). NEON and scalar: not measured, 32."""
+    On AVX-512 the prompt path's fixed cost (unpacking weights for bf16 GEMMs, packing them for the
+    int8 ones where bf16 is not native) costs a short prompt as much as ~40 tokens of pieces: they win
+    up to ~64 tokens where every layer weight is one plane of 4-bit codes (SmolLM2 48 tokens: 24
+    against 54 ms with bf16, 27-31 against 31-35 in int8), to ~32 on other formats (Gemma 3's, 40
+    tokens: 41 against 35 with bf16, 31-32 against 30 in int8). On AVX2 the int8 GEMMs take over from
+    UNPACK_ROWS rows and win there (SmolLM2, 32 tokens: 27 against 36 ms). NEON and scalar: not
+    measured, 32."""
     if variant.name == "avx512":
-        return 512 if not variant.bf16 else 64 if single_plane_int4 else 32
+        return 64 if single_plane_int4 else 32
     return UNPACK_ROWS - 1 if variant.name == "avx2" else 32
 
 

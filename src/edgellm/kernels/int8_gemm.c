@@ -1,7 +1,9 @@
-/* Prompt GEMMs in 8-bit integers for AVX2 CPUs without native bf16 (both `avx2` variants: Haswell to
-   Comet Lake and AMD Zen 1-3; with AVX-VNNI Intel client cores since Alder Lake), where an fp32 FMA
+/* Prompt GEMMs in 8-bit integers for x86 CPUs without native bf16 (both `avx2` variants: Haswell to
+   Comet Lake and AMD Zen 1-3; with AVX-VNNI Intel client cores since Alder Lake; and `avx512` without
+   bf16: Skylake-X with VNNI, i.e. Cascade Lake, Ice Lake, Tiger Lake, Rocket Lake), where an fp32 FMA
    makes 8 products and `vpmaddubsw` 32 (unsigned byte by signed byte, summed in pairs to int16), or
-   AVX-VNNI's `vpdpbusd` 32 summed straight into int32 lanes.
+   `vpdpbusd` 32 summed straight into int32 lanes (AVX-VNNI; AVX512-VNNI makes 64 on a zmm). The same
+   integers and float operations per lane in every build, so the same floats.
 
    The weights stay exactly what the model holds: 4-bit I4R64 codes (q in 0..15), Q5_0 values held
    as Q8_0 / Q8R16 blocks (q + 16 in 0..31) or a GGUF file's Q6_K blocks (q in 0..63), each group of
@@ -27,14 +29,18 @@
    The weight is packed per call into strips of 16 rows: per group, 8 steps of 4 k's, each 16 words of
    4 codes (row r's q[k .. k + 3]) that one vpmaddubsw multiplies against a broadcast word of 4
    activations; then the strip's 16 scales and 16 zeros of the group (Q6_K: of its first half, then of
-   its second). A tile is 16 rows x 4 tokens. */
+   its second). A tile is 16 rows x 4 tokens (8 on AVX-512). */
 #include <stdlib.h>
 
 #include "simd.h"
 
 #define I8_STRIP 16
 #define I8_GROUP 32
+#if EDGELLM_AVX512
+#define I8_TILE 8  /* tokens a tile: 8 on zmm (32 registers; 5-8 % faster than 4), 4 on ymm */
+#else
 #define I8_TILE 4
+#endif
 #define X_MAX 127
 #define I8_MAX_OUTLIERS 16  /* per token, at most */
 #define STEP_BYTES (4 * I8_STRIP)           /* 4 k's of a strip's 16 rows */
@@ -46,8 +52,26 @@
 /* A token's quantized row: k int8, then per group its STATS; 32-byte aligned. */
 static int64_t row_bytes(int64_t k) { return (k + 4 * STATS * (k / I8_GROUP) + 31) / 32 * 32; }
 
-#if EDGELLM_AVX2
+#if EDGELLM_AVX2 || EDGELLM_AVX512
 #define I8_NATIVE 1
+#if defined(__AVXVNNI__) || EDGELLM_AVX512
+#define I8_VNNI 1  /* vpdpbusd: int32 sums of 4 products (AVX-512: si_dot, on zmm) */
+#endif
+
+/* 8-float helpers of their own: in the avx512 build simd.h's vf is 16 floats. Each result is exact
+   (|x|, a maximum, a rounding, a sum of integer-valued floats), so any order of operations gives it. */
+static inline __m256 y_abs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+static inline __m256 y_round(__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline float y_hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float y_sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 
 /* acc + w's unsigned codes times x4's signed activations: per int16 lane the pair sums (vpmaddubsw), or
    with AVX-VNNI per int32 lane the sums of 4 (vpdpbusd: one instruction, no int16 stage, 6.6 against
@@ -65,7 +89,7 @@ static inline __m256i dot_acc(__m256i acc, __m256i w, __m256i x4) {
 
 /* dot_acc's sums as int32 lanes (with AVX-VNNI they are already) */
 static inline __m256i widen(__m256i sums) {
-#ifdef __AVXVNNI__
+#ifdef I8_VNNI
     return sums;
 #else
     return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
@@ -167,9 +191,9 @@ static inline __m256i bytes32(__m256 a, __m256 b, __m256 c, __m256 d, __m256 inv
 
 /* The largest |x| of a group of 32. */
 static inline float group_amax(const float *x) {
-    __m256 m = vf_abs(_mm256_loadu_ps(x));
-    for (int i = 1; i < 4; i++) m = _mm256_max_ps(m, vf_abs(_mm256_loadu_ps(x + 8 * i)));
-    return vf_hmax(m);
+    __m256 m = y_abs(_mm256_loadu_ps(x));
+    for (int i = 1; i < 4; i++) m = _mm256_max_ps(m, y_abs(_mm256_loadu_ps(x + 8 * i)));
+    return y_hmax(m);
 }
 
 /* One group of a token's activations (its outliers zeroed), whose largest |x| is amax -> 32 int8 codes
@@ -182,9 +206,9 @@ static inline void quantize_group(const float *x, float amax, int8_t *qx, float 
     float sx = amax > 0.f ? amax / X_MAX : 1.f;
     __m256 inv = _mm256_set1_ps(amax > 0.f ? X_MAX / amax : 0.f);
     for (int i = 0; i < 4; i++)
-        v[i] = vf_round(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv));  /* the codes, as floats: converting them is exact */
+        v[i] = y_round(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv));  /* the codes, as floats: converting them is exact */
     /* each half's sum of codes, an exact integer (|sum| <= 16 * 127), so the group's is exact too */
-    float first = vf_sum(_mm256_add_ps(v[0], v[1])), second = vf_sum(_mm256_add_ps(v[2], v[3]));
+    float first = y_sum(_mm256_add_ps(v[0], v[1])), second = y_sum(_mm256_add_ps(v[2], v[3]));
     st[0] = sx;
     st[1] = sx * (first + second);
     st[2] = sx * first;  /* Q6_K's halves */
@@ -220,59 +244,101 @@ static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t
     }
 }
 
+/* A strip's 16 rows as H vectors of SL lanes: one zmm on AVX-512 (half the instructions of two ymm per
+   product, sum and scale; the same integers and float operations per lane, so the same floats), two
+   ymm on AVX2. */
+#if EDGELLM_AVX512
+#define SL 16
+typedef __m512 sf;
+typedef __m512i si;
+static inline si si_load(const void *p) { return _mm512_loadu_si512(p); }
+static inline si si_set1(int32_t x) { return _mm512_set1_epi32(x); }
+static inline si si_zero(void) { return _mm512_setzero_si512(); }
+static inline si si_add(si a, si b) { return _mm512_add_epi32(a, b); }
+static inline si si_dot(si acc, si w, si x4) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x4));  /* in place: see dot_acc */
+    return acc;
+}
+static inline si si_widen(si sums) { return sums; }
+static inline sf sf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void sf_store(float *p, sf v) { _mm512_storeu_ps(p, v); }
+static inline sf sf_set1(float x) { return _mm512_set1_ps(x); }
+static inline sf sf_zero(void) { return _mm512_setzero_ps(); }
+static inline sf sf_mul(sf a, sf b) { return _mm512_mul_ps(a, b); }
+static inline sf sf_fma(sf a, sf b, sf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline sf sf_from_si(si v) { return _mm512_cvtepi32_ps(v); }
+#else
+#define SL 8
+typedef __m256 sf;
+typedef __m256i si;
+static inline si si_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline si si_set1(int32_t x) { return _mm256_set1_epi32(x); }
+static inline si si_zero(void) { return _mm256_setzero_si256(); }
+static inline si si_add(si a, si b) { return _mm256_add_epi32(a, b); }
+static inline si si_dot(si acc, si w, si x4) { return dot_acc(acc, w, x4); }
+static inline si si_widen(si sums) { return widen(sums); }
+static inline sf sf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void sf_store(float *p, sf v) { _mm256_storeu_ps(p, v); }
+static inline sf sf_set1(float x) { return _mm256_set1_ps(x); }
+static inline sf sf_zero(void) { return _mm256_setzero_ps(); }
+static inline sf sf_mul(sf a, sf b) { return _mm256_mul_ps(a, b); }
+static inline sf sf_fma(sf a, sf b, sf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline sf sf_from_si(si v) { return _mm256_cvtepi32_ps(v); }
+#endif
+#define H (I8_STRIP / SL)
+
 /* acc[i] += the int32 sums of steps [p_begin, p_end) of group g for the tt tokens, times scale * sx */
 ALWAYS_INLINE void group_dots(const uint8_t *w, const float *scale, const uint8_t *act, int64_t rb, int64_t k,
-                              int64_t g, int tt, int steps, int p_begin, int p_end, __m256 acc[][2]) {
-    __m256i dot[I8_TILE][2];
+                              int64_t g, int tt, int steps, int p_begin, int p_end, sf acc[][H]) {
+    si dot[I8_TILE][H];
     for (int p0 = p_begin; p0 < p_end; p0 += steps) {
-        __m256i sums[I8_TILE][2];
-        for (int i = 0; i < tt; i++) sums[i][0] = sums[i][1] = _mm256_setzero_si256();
+        si sums[I8_TILE][H];
+        for (int i = 0; i < tt; i++)
+            for (int h = 0; h < H; h++) sums[i][h] = si_zero();
         for (int p = p0; p < p0 + steps; p++) {
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES));
-            __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + p * STEP_BYTES + 32));
+            si wv[H];
+            for (int h = 0; h < H; h++) wv[h] = si_load(w + p * STEP_BYTES + 4 * SL * h);
             for (int i = 0; i < tt; i++) {
                 int32_t word;  /* activations 4p .. 4p + 3 of group g */
                 memcpy(&word, act + i * rb + g * I8_GROUP + 4 * p, 4);
-                __m256i x4 = _mm256_set1_epi32(word);
-                sums[i][0] = dot_acc(sums[i][0], w0, x4);
-                sums[i][1] = dot_acc(sums[i][1], w1, x4);
+                si x4 = si_set1(word);
+                for (int h = 0; h < H; h++) sums[i][h] = si_dot(sums[i][h], wv[h], x4);
             }
         }
         for (int i = 0; i < tt; i++)
-            for (int h = 0; h < 2; h++) {
-                __m256i wide = widen(sums[i][h]);
-                dot[i][h] = p0 > p_begin ? _mm256_add_epi32(dot[i][h], wide) : wide;
+            for (int h = 0; h < H; h++) {
+                si wide = si_widen(sums[i][h]);
+                dot[i][h] = p0 > p_begin ? si_add(dot[i][h], wide) : wide;
             }
     }
     for (int i = 0; i < tt; i++) {
-        __m256 sx = _mm256_set1_ps(((const float *)(act + i * rb + k))[STATS * g]);
-        for (int h = 0; h < 2; h++)
-            acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_mul_ps(_mm256_loadu_ps(scale + 8 * h), sx),
-                                        acc[i][h]);
+        sf sx = sf_set1(((const float *)(act + i * rb + k))[STATS * g]);
+        for (int h = 0; h < H; h++)
+            acc[i][h] = sf_fma(sf_from_si(dot[i][h]), sf_mul(sf_load(scale + SL * h), sx), acc[i][h]);
     }
 }
 
 /* acc[i] += zero * xsum for the tt tokens: a group's (halves = 0) or each half's (Q6_K) */
-ALWAYS_INLINE void add_zeros(__m256 acc[][2], const float *floats, const uint8_t *act, int64_t rb, int64_t k,
+ALWAYS_INLINE void add_zeros(sf acc[][H], const float *floats, const uint8_t *act, int64_t rb, int64_t k,
                              int64_t g, int tt, int halves) {
     for (int i = 0; i < tt; i++) {
         const float *stats = (const float *)(act + i * rb + k) + STATS * g;
         for (int half = 0; half <= halves; half++) {
             const float *zero = floats + half * GROUP_FLOATS + I8_STRIP;
-            __m256 xsum = _mm256_set1_ps(stats[halves ? 2 + half : 1]);
-            acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(zero), xsum, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(zero + 8), xsum, acc[i][1]);
+            sf xsum = sf_set1(stats[halves ? 2 + half : 1]);
+            for (int h = 0; h < H; h++) acc[i][h] = sf_fma(sf_load(zero + SL * h), xsum, acc[i][h]);
         }
     }
 }
 
 /* out[t][0..16) for tt <= I8_TILE tokens (rows of rb bytes from act) of one strip; the products of
-   `steps` 4-k steps are summed (in int16 without AVX-VNNI) before they are widened (8 for 4-bit codes,
+   `steps` 4-k steps are summed (in int16 without VNNI) before they are widened (8 for 4-bit codes,
    4 for 5-bit, 2 for 6-bit); with `halves` (Q6_K) each half group's sum is scaled on its own. */
 ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o,
                         float *out, int64_t ldo, int tt, int steps, int halves) {
-    __m256 acc[I8_TILE][2];
-    for (int i = 0; i < tt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    sf acc[I8_TILE][H];
+    for (int i = 0; i < tt; i++)
+        for (int h = 0; h < H; h++) acc[i][h] = sf_zero();
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
         const uint8_t *w = codes + g * GROUP_STRIDE;
         const float *floats = (const float *)(w + GROUP_BYTES);
@@ -283,27 +349,35 @@ ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, in
     }
     for (int i = 0; i < tt; i++) {
         for (int j = 0; j < o->r; j++) {
-            __m256 v = _mm256_set1_ps(o->values[i * o->r + j]);
+            sf v = sf_set1(o->values[i * o->r + j]);
             const float *col = o->cols + o->at[i * o->r + j] * I8_STRIP;
-            acc[i][0] = _mm256_fmadd_ps(v, _mm256_loadu_ps(col), acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(v, _mm256_loadu_ps(col + 8), acc[i][1]);
+            for (int h = 0; h < H; h++) acc[i][h] = sf_fma(v, sf_load(col + SL * h), acc[i][h]);
         }
-        _mm256_storeu_ps(out + i * ldo, acc[i][0]);
-        _mm256_storeu_ps(out + i * ldo + 8, acc[i][1]);
+        for (int h = 0; h < H; h++) sf_store(out + i * ldo + SL * h, acc[i][h]);
     }
 }
 
 /* one instance per token count and code width, so that the accumulators stay in registers */
+#if I8_TILE == 8
+#define I8_WIDE_TILES(steps, halves)                                              \
+    case 8: tile(codes, act, rb, k, o, out, ldo, 8, steps, halves); break;       \
+    case 7: tile(codes, act, rb, k, o, out, ldo, 7, steps, halves); break;       \
+    case 6: tile(codes, act, rb, k, o, out, ldo, 6, steps, halves); break;       \
+    case 5: tile(codes, act, rb, k, o, out, ldo, 5, steps, halves); break;
+#else
+#define I8_WIDE_TILES(steps, halves)
+#endif
 static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o, float *out,
                      int64_t ldo, int tt, int bits) {
 #define I8_TILES(steps, halves)                                                   \
     switch (tt) {                                                                 \
+    I8_WIDE_TILES(steps, halves)                                                  \
     case 4: tile(codes, act, rb, k, o, out, ldo, 4, steps, halves); break;       \
     case 3: tile(codes, act, rb, k, o, out, ldo, 3, steps, halves); break;       \
     case 2: tile(codes, act, rb, k, o, out, ldo, 2, steps, halves); break;       \
     default: tile(codes, act, rb, k, o, out, ldo, 1, steps, halves); break;      \
     }
-#ifdef __AVXVNNI__
+#ifdef I8_VNNI
     if (bits == 6) {  /* int32 sums: a whole half between widenings */
         I8_TILES(4, 1)
     } else {  /* a whole group */
@@ -426,7 +500,7 @@ static void largest(const float *x, int64_t k, int r, const float *amax, int32_t
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
         if (amax[g] < floor) continue;
         for (int64_t j0 = g * I8_GROUP; j0 < (g + 1) * I8_GROUP; j0 += 8) {
-            __m256 a = vf_abs(_mm256_loadu_ps(x + j0));
+            __m256 a = y_abs(_mm256_loadu_ps(x + j0));
             for (int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, vfloor, _CMP_GE_OQ)); mask; mask &= mask - 1) {
                 int64_t j = j0 + __builtin_ctz(mask);
                 n = keep_largest(best, channels, n, r, fabsf(x[j]), (int32_t)j);
