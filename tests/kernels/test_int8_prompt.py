@@ -163,8 +163,8 @@ def test_bad_shapes_are_refused():
         Int8Prompt(torch.randn(2, 128), lib).times_i4r64(packed, pairs, (0, 64))
 
 
-def test_int8_gemm_is_in_the_x86_builds(variant, lib):
-    assert kernels.int8_gemm_native(lib) == (variant.name in ("avx2", "avx512"))
+def test_int8_gemm_is_in_every_simd_build(variant, lib):
+    assert kernels.int8_gemm_native(lib) == (variant.name in ("avx2", "avx512", "neon"))  # scalar: fp32 prompts
 
 
 VNNI_BUILDS = [pytest.param(Variant("avx2", frozenset({"vnni"})), marks=pytest.mark.skipif(

@@ -178,7 +178,7 @@ def describe() -> str:
     """What runs here, in a few words: the kernel variant (or why none) and the GEMM dtype."""
     dtype = "bf16" if compute_dtype() == torch.bfloat16 else "fp32"
     if available():
-        if dtype == "fp32":  # without native bf16: int8 on 4-bit / Q5_0 / Q6_K codes (x86), int16 on the rest (AVX-VNNI)
+        if dtype == "fp32":  # without native bf16: int8 on 4-bit / Q5_0 / Q6_K codes, int16 on the rest (AVX-VNNI)
             kinds = [kind for kind in ("int8", "int16") if getattr(library(), f"edgellm_{kind}_gemm_native")()]
             dtype = " + ".join(kinds) or dtype
         return f"{selected().label} native kernels, {dtype} prompt GEMMs"

@@ -1,9 +1,11 @@
-/* Prompt GEMMs in 8-bit integers for x86 CPUs without native bf16 (both `avx2` variants: Haswell to
-   Comet Lake and AMD Zen 1-3; with AVX-VNNI Intel client cores since Alder Lake; and `avx512` without
-   bf16: Skylake-X with VNNI, i.e. Cascade Lake, Ice Lake, Tiger Lake, Rocket Lake), where an fp32 FMA
-   makes 8 products and `vpmaddubsw` 32 (unsigned byte by signed byte, summed in pairs to int16), or
-   `vpdpbusd` 32 summed straight into int32 lanes (AVX-VNNI; AVX512-VNNI makes 64 on a zmm). The same
-   integers and float operations per lane in every build, so the same floats.
+/* Prompt GEMMs in 8-bit integers for CPUs without native bf16: both `avx2` variants (Haswell to Comet
+   Lake, AMD Zen 1-3; with AVX-VNNI Intel client cores since Alder Lake), `avx512` without bf16
+   (Cascade Lake, Ice Lake, Tiger Lake, Rocket Lake) and `neon` without bf16 (Cortex-A55/A76/A78,
+   Raspberry Pi 5, Apple M1), where an fp32 FMA makes 8 products (NEON: 4) and `vpmaddubsw` 32
+   (unsigned byte by signed byte, summed in pairs to int16), `vpdpbusd` 32 summed straight into int32
+   lanes (AVX-VNNI; AVX512-VNNI makes 64 on a zmm), NEON's `sdot` 16. What differs per ISA is in
+   int8_isa.h; every build computes the same integers and float operations per lane, so the same
+   floats.
 
    The weights stay exactly what the model holds: 4-bit I4R64 codes (q in 0..15), Q5_0 values held
    as Q8_0 / Q8R16 blocks (q + 16 in 0..31) or a GGUF file's Q6_K blocks (q in 0..63), each group of
@@ -32,12 +34,14 @@
    its second). A tile is 16 rows x 4 tokens (8 on AVX-512). */
 #include <stdlib.h>
 
-#include "simd.h"
+#include "int8_isa.h"
 
 #define I8_STRIP 16
 #define I8_GROUP 32
 #if EDGELLM_AVX512
 #define I8_TILE 8  /* tokens a tile: 8 on zmm (32 registers; 5-8 % faster than 4), 4 on ymm */
+#elif EDGELLM_NEON
+#define I8_TILE 2  /* 4 q-registers a token's sums and as many its floats, of 32 (not timed: no ARM CPU at hand) */
 #else
 #define I8_TILE 4
 #endif
@@ -52,58 +56,15 @@
 /* A token's quantized row: k int8, then per group its STATS; 32-byte aligned. */
 static int64_t row_bytes(int64_t k) { return (k + 4 * STATS * (k / I8_GROUP) + 31) / 32 * 32; }
 
-#if EDGELLM_AVX2 || EDGELLM_AVX512
-#define I8_NATIVE 1
-#if defined(__AVXVNNI__) || EDGELLM_AVX512
-#define I8_VNNI 1  /* vpdpbusd: int32 sums of 4 products (AVX-512: si_dot, on zmm) */
-#endif
-
-/* 8-float helpers of their own: in the avx512 build simd.h's vf is 16 floats. Each result is exact
-   (|x|, a maximum, a rounding, a sum of integer-valued floats), so any order of operations gives it. */
-static inline __m256 y_abs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
-static inline __m256 y_round(__m256 v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline float y_hmax(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-static inline float y_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* acc + w's unsigned codes times x4's signed activations: per int16 lane the pair sums (vpmaddubsw), or
-   with AVX-VNNI per int32 lane the sums of 4 (vpdpbusd: one instruction, no int16 stage, 6.6 against
-   8.9 ms for a 4096 x 640 x 512 GEMM). In place by inline assembly: GCC 12 otherwise copies every
-   accumulator of a tile back each turn. */
-static inline __m256i dot_acc(__m256i acc, __m256i w, __m256i x4) {
-#ifdef __AVXVNNI__
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x4));
-#else
-    __m256i pairs = _mm256_maddubs_epi16(w, x4);
-    __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(pairs));
-#endif
-    return acc;
-}
-
-/* dot_acc's sums as int32 lanes (with AVX-VNNI they are already) */
-static inline __m256i widen(__m256i sums) {
-#ifdef I8_VNNI
-    return sums;
-#else
-    return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
-#endif
-}
-
+#ifdef I8_NATIVE
 /* Codes of 16 rows x 4 k's (4 vectors, one k each, byte j = row j) -> 16 words, row j's 4 codes in word j. */
-static inline void store_step(uint8_t *dst, __m128i k0, __m128i k1, __m128i k2, __m128i k3) {
-    __m128i a = _mm_unpacklo_epi8(k0, k1), b = _mm_unpackhi_epi8(k0, k1);  /* rows 0-7, 8-15: (k0, k1) */
-    __m128i c = _mm_unpacklo_epi8(k2, k3), d = _mm_unpackhi_epi8(k2, k3);
-    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(a, c));
-    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi16(a, c));
-    _mm_storeu_si128((__m128i *)(dst + 32), _mm_unpacklo_epi16(b, d));
-    _mm_storeu_si128((__m128i *)(dst + 48), _mm_unpackhi_epi16(b, d));
+static inline void store_step(uint8_t *dst, b16 k0, b16 k1, b16 k2, b16 k3) {
+    b16 a = b16_zip8_lo(k0, k1), b = b16_zip8_hi(k0, k1);  /* rows 0-7, 8-15: (k0, k1) */
+    b16 c = b16_zip8_lo(k2, k3), d = b16_zip8_hi(k2, k3);
+    b16_store(dst, b16_zip16_lo(a, c));
+    b16_store(dst + 16, b16_zip16_hi(a, c));
+    b16_store(dst + 32, b16_zip16_lo(b, d));
+    b16_store(dst + 48, b16_zip16_hi(b, d));
 }
 
 /* Strip s of I4R64 rows row0 + 16 s .. (row0 a multiple of 64), group g: codes, then scales and zeros. */
@@ -111,13 +72,11 @@ static void pack_i4r64_group(const uint8_t *packed, const uint16_t *scale_zero, 
                              int64_t g, uint8_t *codes, float *sz) {
     const uint8_t *block = packed + (row / 64) * 64 * (k / 2);
     int byte0 = (int)(row % 32), high = (int)(row % 64) >= 32;
-    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const b16 low4 = b16_set1(0x0F);
     for (int p = 0; p < 8; p++) {
-        __m128i q[4];
-        for (int j = 0; j < 4; j++) {
-            __m128i b = _mm_loadu_si128((const __m128i *)(block + (g * I8_GROUP + 4 * p + j) * 32 + byte0));
-            q[j] = _mm_and_si128(high ? _mm_srli_epi16(b, 4) : b, low4);
-        }
+        b16 q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = b16_shr_and(b16_load(block + (g * I8_GROUP + 4 * p + j) * 32 + byte0), high ? 4 : 0, low4);
         store_step(codes + p * STEP_BYTES, q[0], q[1], q[2], q[3]);
     }
     for (int j = 0; j < I8_STRIP; j++) {
@@ -131,16 +90,15 @@ static void pack_i4r64_group(const uint8_t *packed, const uint16_t *scale_zero, 
 /* Group s (16 rows) of Q8R16 blocks holding Q5_0 values (-16..15), block g: codes q + 16, scales, zeros. */
 static void pack_q8r16_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g, uint8_t *codes, float *sz) {
     const uint8_t *block = rows + (s * (k / 32) + g) * 544;  /* q8r16.c: 16 fp16 d, then 16 k-pairs x 16 rows */
-    const __m128i bias = _mm_set1_epi8(16);
+    const b16 bias = b16_set1(16);
     for (int p = 0; p < 8; p++) {
         const uint8_t *pairs = block + 32 + 64 * p;  /* k-pairs 2p and 2p + 1, 16 rows x 2 bytes each */
-        __m128i a0 = _mm_loadu_si128((const __m128i *)pairs), a1 = _mm_loadu_si128((const __m128i *)(pairs + 16));
-        __m128i b0 = _mm_loadu_si128((const __m128i *)(pairs + 32)), b1 = _mm_loadu_si128((const __m128i *)(pairs + 48));
+        b16 a0 = b16_load(pairs), a1 = b16_load(pairs + 16), b0 = b16_load(pairs + 32), b1 = b16_load(pairs + 48);
         uint8_t *dst = codes + p * STEP_BYTES;
-        _mm_storeu_si128((__m128i *)dst, _mm_add_epi8(_mm_unpacklo_epi16(a0, b0), bias));
-        _mm_storeu_si128((__m128i *)(dst + 16), _mm_add_epi8(_mm_unpackhi_epi16(a0, b0), bias));
-        _mm_storeu_si128((__m128i *)(dst + 32), _mm_add_epi8(_mm_unpacklo_epi16(a1, b1), bias));
-        _mm_storeu_si128((__m128i *)(dst + 48), _mm_add_epi8(_mm_unpackhi_epi16(a1, b1), bias));
+        b16_store(dst, b16_add(b16_zip16_lo(a0, b0), bias));
+        b16_store(dst + 16, b16_add(b16_zip16_hi(a0, b0), bias));
+        b16_store(dst + 32, b16_add(b16_zip16_lo(a1, b1), bias));
+        b16_store(dst + 48, b16_add(b16_zip16_hi(a1, b1), bias));
     }
     for (int j = 0; j < I8_STRIP; j++) {
         uint16_t d;
@@ -158,16 +116,15 @@ static void pack_q6_k_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g
     int64_t row_size = k / 256 * 210;
     int c = (int)(g % 8), quarter = c % 4;
     uint32_t words[I8_STRIP][8];  /* row j's 32 codes, 4 to a word */
-    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
+    const b16 low4 = b16_set1(0x0F), low2 = b16_set1(0x03);
     for (int j = 0; j < I8_STRIP; j++) {
         const uint8_t *blk = rows + (s * I8_STRIP + j) * row_size + (g / 8) * 210;
         const uint8_t *ql = blk + 64 * (c / 4) + 32 * (quarter & 1), *qh = blk + 128 + 32 * (c / 4);
-        __m256i lo = _mm256_loadu_si256((const __m256i *)ql);
-        lo = _mm256_and_si256(quarter < 2 ? lo : _mm256_srli_epi16(lo, 4), low4);
-        __m256i hi = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh),
-                                                       _mm_cvtsi32_si128(2 * quarter)), low2);
-        __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  /* no bit crosses a byte: the masks came first */
-        _mm256_storeu_si256((__m256i *)words[j], q);
+        for (int h = 0; h < 32; h += 16) {
+            b16 lo = b16_shr_and(b16_load(ql + h), quarter < 2 ? 0 : 4, low4);
+            b16 hi = b16_shr_and(b16_load(qh + h), 2 * quarter, low2);
+            b16_store((uint8_t *)words[j] + h, b16_or(lo, b16_shl4(hi)));  /* no bit crosses a byte: masked first */
+        }
         const int8_t *sc = (const int8_t *)(blk + 192);
         float d = f16_to_f32((uint16_t)(blk[208] | blk[209] << 8));
         for (int half = 0; half < 2; half++) {
@@ -180,40 +137,18 @@ static void pack_q6_k_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g
         for (int j = 0; j < I8_STRIP; j++) memcpy(codes + p * STEP_BYTES + 4 * j, &words[j][p], 4);
 }
 
-/* round(v * inv) of 32 floats as int8 in their order (|v * inv| <= 127 never saturates). */
-static inline __m256i bytes32(__m256 a, __m256 b, __m256 c, __m256 d, __m256 inv) {
-    __m256i ia = _mm256_cvtps_epi32(_mm256_mul_ps(a, inv)), ib = _mm256_cvtps_epi32(_mm256_mul_ps(b, inv));
-    __m256i ic = _mm256_cvtps_epi32(_mm256_mul_ps(c, inv)), id = _mm256_cvtps_epi32(_mm256_mul_ps(d, inv));
-    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ia, ib), _mm256_packs_epi32(ic, id));
-    /* per 128-bit lane the packs interleave: words k0-3, k8-11, k16-19, k24-27 | k4-7, ... */
-    return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-/* The largest |x| of a group of 32. */
-static inline float group_amax(const float *x) {
-    __m256 m = y_abs(_mm256_loadu_ps(x));
-    for (int i = 1; i < 4; i++) m = _mm256_max_ps(m, y_abs(_mm256_loadu_ps(x + 8 * i)));
-    return y_hmax(m);
-}
-
 /* One group of a token's activations (its outliers zeroed), whose largest |x| is amax -> 32 int8 codes
    and the group's STATS. xsum is the sum of the rounded activations (sx * sum qx), not of x: then the
    zeros meet the same activations as the codes, and the rounding's error is (qx sx - x) w, not
    (qx sx - x)(w - zero), which is ~2x larger for codes 0..15 (SmolLM2's logits moved 3.5 instead of 1.1
    on a chat prompt). */
 static inline void quantize_group(const float *x, float amax, int8_t *qx, float *st) {
-    __m256 v[4];
-    float sx = amax > 0.f ? amax / X_MAX : 1.f;
-    __m256 inv = _mm256_set1_ps(amax > 0.f ? X_MAX / amax : 0.f);
-    for (int i = 0; i < 4; i++)
-        v[i] = y_round(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), inv));  /* the codes, as floats: converting them is exact */
-    /* each half's sum of codes, an exact integer (|sum| <= 16 * 127), so the group's is exact too */
-    float first = y_sum(_mm256_add_ps(v[0], v[1])), second = y_sum(_mm256_add_ps(v[2], v[3]));
+    float sums[2], sx = amax > 0.f ? amax / X_MAX : 1.f;
+    i8_codes32(x, amax > 0.f ? X_MAX / amax : 0.f, qx, sums);  /* each half's sum of codes: exact integers */
     st[0] = sx;
-    st[1] = sx * (first + second);
-    st[2] = sx * first;  /* Q6_K's halves */
-    st[3] = sx * second;
-    _mm256_storeu_si256((__m256i *)qx, bytes32(v[0], v[1], v[2], v[3], _mm256_set1_ps(1.f)));
+    st[1] = sx * (sums[0] + sums[1]);
+    st[2] = sx * sums[0];  /* Q6_K's halves */
+    st[3] = sx * sums[1];
 }
 
 /* The fp32 part of a tile: token i's r outliers (values) times their weight columns, 16 rows of the strip
@@ -233,58 +168,11 @@ static void strip_columns(const uint8_t *strip, const int32_t *channels, int64_t
         const uint8_t *group = strip + (c / I8_GROUP) * GROUP_STRIDE;
         const uint8_t *step = group + ((c % I8_GROUP) / 4) * STEP_BYTES;
         const float *scale = (const float *)(group + GROUP_BYTES) + (halves && c % I8_GROUP >= 16 ? GROUP_FLOATS : 0);
-        const float *zero = scale + I8_STRIP;
-        __m128i shift = _mm_cvtsi32_si128(8 * (c % 4));  /* row r's code for c: byte c % 4 of word r */
-        for (int h = 0; h < 2; h++) {
-            __m256i words = _mm256_loadu_si256((const __m256i *)(step + 32 * h));
-            __m256i q = _mm256_and_si256(_mm256_srl_epi32(words, shift), _mm256_set1_epi32(0xFF));
-            __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(scale + 8 * h), _mm256_loadu_ps(zero + 8 * h));
-            _mm256_storeu_ps(cols + j * I8_STRIP + 8 * h, w);
-        }
+        i8_column(step, c % 4, scale, scale + I8_STRIP, cols + j * I8_STRIP);  /* row r's code: byte c % 4 of word r */
     }
 }
 
-/* A strip's 16 rows as H vectors of SL lanes: one zmm on AVX-512 (half the instructions of two ymm per
-   product, sum and scale; the same integers and float operations per lane, so the same floats), two
-   ymm on AVX2. */
-#if EDGELLM_AVX512
-#define SL 16
-typedef __m512 sf;
-typedef __m512i si;
-static inline si si_load(const void *p) { return _mm512_loadu_si512(p); }
-static inline si si_set1(int32_t x) { return _mm512_set1_epi32(x); }
-static inline si si_zero(void) { return _mm512_setzero_si512(); }
-static inline si si_add(si a, si b) { return _mm512_add_epi32(a, b); }
-static inline si si_dot(si acc, si w, si x4) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x4));  /* in place: see dot_acc */
-    return acc;
-}
-static inline si si_widen(si sums) { return sums; }
-static inline sf sf_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline void sf_store(float *p, sf v) { _mm512_storeu_ps(p, v); }
-static inline sf sf_set1(float x) { return _mm512_set1_ps(x); }
-static inline sf sf_zero(void) { return _mm512_setzero_ps(); }
-static inline sf sf_mul(sf a, sf b) { return _mm512_mul_ps(a, b); }
-static inline sf sf_fma(sf a, sf b, sf c) { return _mm512_fmadd_ps(a, b, c); }
-static inline sf sf_from_si(si v) { return _mm512_cvtepi32_ps(v); }
-#else
-#define SL 8
-typedef __m256 sf;
-typedef __m256i si;
-static inline si si_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-static inline si si_set1(int32_t x) { return _mm256_set1_epi32(x); }
-static inline si si_zero(void) { return _mm256_setzero_si256(); }
-static inline si si_add(si a, si b) { return _mm256_add_epi32(a, b); }
-static inline si si_dot(si acc, si w, si x4) { return dot_acc(acc, w, x4); }
-static inline si si_widen(si sums) { return widen(sums); }
-static inline sf sf_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline void sf_store(float *p, sf v) { _mm256_storeu_ps(p, v); }
-static inline sf sf_set1(float x) { return _mm256_set1_ps(x); }
-static inline sf sf_zero(void) { return _mm256_setzero_ps(); }
-static inline sf sf_mul(sf a, sf b) { return _mm256_mul_ps(a, b); }
-static inline sf sf_fma(sf a, sf b, sf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline sf sf_from_si(si v) { return _mm256_cvtepi32_ps(v); }
-#endif
+/* a strip's 16 rows as vectors of SL lanes (int8_isa.h) */
 #define H (I8_STRIP / SL)
 
 /* acc[i] += the int32 sums of steps [p_begin, p_end) of group g for the tt tokens, times scale * sx */
@@ -357,24 +245,21 @@ ALWAYS_INLINE void tile(const uint8_t *codes, const uint8_t *act, int64_t rb, in
     }
 }
 
-/* one instance per token count and code width, so that the accumulators stay in registers */
+/* one instance per token count (up to I8_TILE) and code width, so that the accumulators stay in registers */
+#define I8_CASE(n, steps, halves) case n: tile(codes, act, rb, k, o, out, ldo, n, steps, halves); break;
 #if I8_TILE == 8
-#define I8_WIDE_TILES(steps, halves)                                              \
-    case 8: tile(codes, act, rb, k, o, out, ldo, 8, steps, halves); break;       \
-    case 7: tile(codes, act, rb, k, o, out, ldo, 7, steps, halves); break;       \
-    case 6: tile(codes, act, rb, k, o, out, ldo, 6, steps, halves); break;       \
-    case 5: tile(codes, act, rb, k, o, out, ldo, 5, steps, halves); break;
+#define I8_CASES(s, h) I8_CASE(8, s, h) I8_CASE(7, s, h) I8_CASE(6, s, h) I8_CASE(5, s, h) I8_CASE(4, s, h) \
+                       I8_CASE(3, s, h) I8_CASE(2, s, h)
+#elif I8_TILE == 4
+#define I8_CASES(s, h) I8_CASE(4, s, h) I8_CASE(3, s, h) I8_CASE(2, s, h)
 #else
-#define I8_WIDE_TILES(steps, halves)
+#define I8_CASES(s, h) I8_CASE(2, s, h)
 #endif
 static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64_t k, const Outliers *o, float *out,
                      int64_t ldo, int tt, int bits) {
 #define I8_TILES(steps, halves)                                                   \
     switch (tt) {                                                                 \
-    I8_WIDE_TILES(steps, halves)                                                  \
-    case 4: tile(codes, act, rb, k, o, out, ldo, 4, steps, halves); break;       \
-    case 3: tile(codes, act, rb, k, o, out, ldo, 3, steps, halves); break;       \
-    case 2: tile(codes, act, rb, k, o, out, ldo, 2, steps, halves); break;       \
+    I8_CASES(steps, halves)                                                       \
     default: tile(codes, act, rb, k, o, out, ldo, 1, steps, halves); break;      \
     }
 #ifdef I8_VNNI
@@ -495,16 +380,12 @@ static void largest(const float *x, int64_t k, int r, const float *amax, int32_t
     int n = 0;
     for (int64_t g = 0; g < k / I8_GROUP; g++) n = keep_largest(best, channels, n, r, amax[g], 0);
     float floor = n == r ? best[r - 1] : 0.f;  /* fewer groups than r: every value */
-    __m256 vfloor = _mm256_set1_ps(floor);
     n = 0;
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
         if (amax[g] < floor) continue;
-        for (int64_t j0 = g * I8_GROUP; j0 < (g + 1) * I8_GROUP; j0 += 8) {
-            __m256 a = y_abs(_mm256_loadu_ps(x + j0));
-            for (int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, vfloor, _CMP_GE_OQ)); mask; mask &= mask - 1) {
-                int64_t j = j0 + __builtin_ctz(mask);
-                n = keep_largest(best, channels, n, r, fabsf(x[j]), (int32_t)j);
-            }
+        for (uint32_t mask = i8_at_least(x + g * I8_GROUP, floor); mask; mask &= mask - 1) {
+            int64_t j = g * I8_GROUP + __builtin_ctz(mask);
+            n = keep_largest(best, channels, n, r, fabsf(x[j]), (int32_t)j);
         }
     }
     for (int i = 1; i < r; i++)  /* ascending channels: a fixed order for their fp32 sum */
@@ -532,7 +413,7 @@ typedef struct {
 static void quantize_token(const float *x, int64_t k, int r, int32_t *at, float *values, uint8_t *row, float *amax) {
     int8_t *qx = (int8_t *)row;
     float *stats = (float *)(row + k);
-    for (int64_t g = 0; g < k / I8_GROUP; g++) amax[g] = group_amax(x + g * I8_GROUP);
+    for (int64_t g = 0; g < k / I8_GROUP; g++) amax[g] = i8_amax32(x + g * I8_GROUP);
     if (r > 0) largest(x, k, r, amax, at);
     for (int j = 0; j < r; j++) values[j] = x[at[j]];
     for (int64_t g = 0, o = 0; g < k / I8_GROUP; g++) {
@@ -541,7 +422,7 @@ static void quantize_token(const float *x, int64_t k, int r, int32_t *at, float 
         if (o < r && at[o] / I8_GROUP == g) {
             memcpy(zeroed, group, sizeof zeroed);
             for (; o < r && at[o] / I8_GROUP == g; o++) zeroed[at[o] % I8_GROUP] = 0.f;
-            quantize_group(zeroed, group_amax(zeroed), qx + g * I8_GROUP, stats + STATS * g);
+            quantize_group(zeroed, i8_amax32(zeroed), qx + g * I8_GROUP, stats + STATS * g);
         } else {
             quantize_group(group, amax[g], qx + g * I8_GROUP, stats + STATS * g);
         }

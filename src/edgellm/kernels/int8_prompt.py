@@ -1,5 +1,5 @@
-"""A prompt's GEMMs in 8-bit integers on x86 CPUs without native bf16 (int8_gemm.c: `vpmaddubsw`, or
-`vpdpbusd` with AVX-VNNI or, in zmm, AVX512-VNNI; the same integers): the weights multiplied exactly as the model holds them
+"""A prompt's GEMMs in 8-bit integers on CPUs without native bf16 (int8_gemm.c: `vpmaddubsw`, `vpdpbusd`
+with AVX-VNNI or, in zmm, AVX512-VNNI, NEON's `sdot`; the same integers): the weights multiplied exactly as the model holds them
 (4-bit I4R64 codes, Q5_0 values in Q8R16 blocks, a file's Q6_K blocks), the activations rounded to int8 per token and group
 of 32, except each token's OUTLIERS largest values, which are multiplied in fp32 beside. A token's
 result depends on its own activations only, whatever else shares the call.
@@ -22,8 +22,8 @@ OUTLIERS = 8
 
 
 def int8_gemm_native(lib: ctypes.CDLL | None = None) -> bool:
-    """Whether this build has the 8-bit prompt GEMM (the avx2 and avx512 variants; it runs where the
-    prompt GEMMs are fp32, i.e. without AVX512-BF16)."""
+    """Whether this build has the 8-bit prompt GEMM (the avx2, avx512 and neon variants; it runs where
+    the prompt GEMMs would be fp32, i.e. without native bf16)."""
     lib = lib or library()
     return lib is not None and bool(lib.edgellm_int8_gemm_native())
 

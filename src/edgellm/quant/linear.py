@@ -151,7 +151,7 @@ class Int4Linear(nn.Module):
                     for i in range(0, x2.shape[0], step)]
             y = outs[0] if len(outs) == 1 else torch.cat(outs)
             return y.reshape(*lead, self.out_features)
-        # prompt: the int8 GEMM on the codes themselves (x86 without native bf16), or unpacked to a scratch of
+        # prompt: the int8 GEMM on the codes themselves (without native bf16), or unpacked to a scratch of
         # the compute dtype for a GEMM (PyTorch's, or int16 with AVX-VNNI)
         dtype = kernels.compute_dtype()
         x2 = x2.to(dtype)
