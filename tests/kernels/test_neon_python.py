@@ -31,19 +31,25 @@ print(json.dumps(dict(variant=isa.selected().label, native=library() is not None
 """
 
 
-@pytest.mark.slow
-def test_smollm2_decodes_on_the_neon_kernels_in_an_aarch64_python(smollm2_path, tmp_path):
+def _arm_python(script: str, *args: str, cache: Path) -> str:
+    """Run `script` with `args` in the aarch64 Python under qemu (edgellm's kernels cross-compiled into
+    `cache`); its stdout. Skips, saying how to get them, where the tools or the aarch64 root are missing."""
     python = ROOT / "usr/bin/python3.11"
     missing = [tool for tool in ("qemu-aarch64", "aarch64-linux-gnu-gcc") if shutil.which(tool) is None]
     if missing or not (ROOT / "opt/site/torch").is_dir():
         pytest.skip(f"needs {', '.join(missing) or 'an aarch64 root'}: make arm-tools, then tools/arm64-root.sh")
-    env = dict(os.environ, CC=shutil.which("aarch64-linux-gnu-gcc"), EDGELLM_CACHE=str(tmp_path),
+    env = dict(os.environ, CC=shutil.which("aarch64-linux-gnu-gcc"), EDGELLM_CACHE=str(cache),
                PYTHONPATH=f"/opt/site:{REPO / 'src'}")
     env.pop("EDGELLM_ISA", None)
-    done = subprocess.run(["qemu-aarch64", "-cpu", "max", "-L", str(ROOT), str(python), "-c", SCRIPT, str(smollm2_path)],
+    done = subprocess.run(["qemu-aarch64", "-cpu", "max", "-L", str(ROOT), str(python), "-c", script, *args],
                           capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    arm = json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_smollm2_decodes_on_the_neon_kernels_in_an_aarch64_python(smollm2_path, tmp_path):
+    arm = json.loads(_arm_python(SCRIPT, str(smollm2_path), cache=tmp_path).strip().splitlines()[-1])
     assert arm["variant"].startswith("neon") and arm["native"] and arm["fused"]
     model = edgellm.load(smollm2_path)
     try:
@@ -85,10 +91,6 @@ def test_the_int8_prompt_gemm_on_neon_gives_avx2s_floats_under_qemu(tmp_path):
 
     from tests.kernels.test_int8_prompt import AVX2, _activations, _i4r64, _q5_0_in_q8r16, _q6_k
 
-    python = ROOT / "usr/bin/python3.11"
-    missing = [tool for tool in ("qemu-aarch64", "aarch64-linux-gnu-gcc") if shutil.which(tool) is None]
-    if missing or not (ROOT / "opt/site/torch").is_dir():
-        pytest.skip(f"needs {', '.join(missing) or 'an aarch64 root'}: make arm-tools, then tools/arm64-root.sh")
     gen = torch.Generator().manual_seed(21)
     packed, pairs, _ = _i4r64(128, 640, gen)
     x = _activations(11, 640, gen)
@@ -96,14 +98,8 @@ def test_the_int8_prompt_gemm_on_neon_gives_avx2s_floats_under_qemu(tmp_path):
     inputs = {"i4r64": (x, (packed, pairs)), "q5_0": (x, _q5_0_in_q8r16(48, 640, gen)[0]),
               "q6_k": (_activations(11, 768, gen), _q6_k(32, 768)[0])}
     torch.save(inputs, tmp_path / "inputs.pt")
-    env = dict(os.environ, CC=shutil.which("aarch64-linux-gnu-gcc"), EDGELLM_CACHE=str(tmp_path),
-               PYTHONPATH=f"/opt/site:{REPO / 'src'}")
-    env.pop("EDGELLM_ISA", None)
-    done = subprocess.run(["qemu-aarch64", "-cpu", "max", "-L", str(ROOT), str(python), "-c", INT8_SCRIPT,
-                           str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt")],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-2:] == ["ok", "True"]
+    out = _arm_python(INT8_SCRIPT, str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt"), cache=tmp_path)
+    assert out.split()[-2:] == ["ok", "True"]
     neon, lib = torch.load(tmp_path / "outputs.pt"), kernels.library_for(AVX2)
     avx2 = {"i4r64": Int8Prompt(x, lib).times_i4r64(packed, pairs, (0, 128)),
             "q5_0": Int8Prompt(x, lib).times_q5_0(inputs["q5_0"][1]),
@@ -136,17 +132,7 @@ def test_smollm2s_prompt_path_on_neon_multiplies_in_int8_as_avx2_does(smollm2_pa
     from edgellm import kernels
     from edgellm.kernels import build, isa
 
-    python = ROOT / "usr/bin/python3.11"
-    missing = [tool for tool in ("qemu-aarch64", "aarch64-linux-gnu-gcc") if shutil.which(tool) is None]
-    if missing or not (ROOT / "opt/site/torch").is_dir():
-        pytest.skip(f"needs {', '.join(missing) or 'an aarch64 root'}: make arm-tools, then tools/arm64-root.sh")
-    env = dict(os.environ, CC=shutil.which("aarch64-linux-gnu-gcc"), EDGELLM_CACHE=str(tmp_path),
-               PYTHONPATH=f"/opt/site:{REPO / 'src'}")
-    env.pop("EDGELLM_ISA", None)
-    done = subprocess.run(["qemu-aarch64", "-cpu", "max", "-L", str(ROOT), str(python), "-c", PROMPT_SCRIPT,
-                           str(smollm2_path), str(tmp_path / "arm.pt"), LONG_PROMPT],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _arm_python(PROMPT_SCRIPT, str(smollm2_path), str(tmp_path / "arm.pt"), LONG_PROMPT, cache=tmp_path)
     arm = torch.load(tmp_path / "arm.pt")
     assert arm["describe"].startswith("neon") and "int8 prompt GEMMs" in arm["describe"] and len(arm["ids"]) > 32
     os.environ["EDGELLM_ISA"] = "avx2"
