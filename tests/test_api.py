@@ -105,3 +105,20 @@ def test_close_releases_the_mapping(smollm2_path):
     m = edgellm.load(smollm2_path)
     m.close()
     assert m.source._map.closed
+
+
+def test_loading_pauses_the_cycle_collector_and_restores_it(smollm2_path):
+    import gc
+
+    passes = []
+    gc.callbacks.append(lambda phase, info: passes.append(info["generation"]) if phase == "start" else None)
+    try:
+        edgellm.load(smollm2_path).close()
+        assert len(passes) <= 1  # the one pass, if any, after the collector is back on (~400 without the pause)
+        assert gc.isenabled()
+        gc.disable()  # a caller's own choice survives a load
+        edgellm.load(smollm2_path).close()
+        assert not gc.isenabled()
+    finally:
+        gc.callbacks.pop()
+        gc.enable()

@@ -23,5 +23,8 @@ __all__ = ["ContextOverflow", "EdgeLLMError", "InvalidRequest", "ModelFormatErro
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        from edgellm.memory import collector_paused
+
+        with collector_paused():  # the import of torch
+            return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'edgellm' has no attribute {name!r}")

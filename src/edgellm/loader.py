@@ -8,7 +8,7 @@ from pathlib import Path
 from edgellm.formats import open_model
 from edgellm.formats.gguf import GGUFFile
 from edgellm.kv import KVConfig
-from edgellm.memory import return_freed_heap, return_large_frees_to_os, reuse_freed_pages
+from edgellm.memory import collector_paused, return_freed_heap, return_large_frees_to_os, reuse_freed_pages
 from edgellm.model import Model
 from edgellm.registry import resolve
 from edgellm.threads import configure_threads
@@ -30,6 +30,11 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     `draft` (a name, path or loaded Model with the same vocabulary) is the draft model.
     `lora`: adapters made resident at once, name -> path or (path, scale); a memory budget
     pays for them first."""
+    with collector_paused():
+        return _load(name_or_path, mode, threads, context_length, kv, memory_budget, speculative, draft, lora)
+
+
+def _load(name_or_path, mode, threads, context_length, kv, memory_budget, speculative, draft, lora) -> Model:
     configure_threads(threads)
     return_large_frees_to_os()
     source = open_model(resolve(name_or_path))
