@@ -31,6 +31,12 @@ print(json.dumps(dict(variant=isa.selected().label, native=library() is not None
 """
 
 
+@pytest.fixture(scope="module")
+def arm_cache(tmp_path_factory) -> Path:
+    """One cache for the module's aarch64 runs: the NEON library is cross-compiled once (~10 s)."""
+    return tmp_path_factory.mktemp("arm-cache")
+
+
 def _arm_python(script: str, *args: str, cache: Path) -> str:
     """Run `script` with `args` in the aarch64 Python under qemu (edgellm's kernels cross-compiled into
     `cache`); its stdout. Skips, saying how to get them, where the tools or the aarch64 root are missing."""
@@ -48,8 +54,8 @@ def _arm_python(script: str, *args: str, cache: Path) -> str:
 
 
 @pytest.mark.slow
-def test_smollm2_decodes_on_the_neon_kernels_in_an_aarch64_python(smollm2_path, tmp_path):
-    arm = json.loads(_arm_python(SCRIPT, str(smollm2_path), cache=tmp_path).strip().splitlines()[-1])
+def test_smollm2_decodes_on_the_neon_kernels_in_an_aarch64_python(smollm2_path, arm_cache):
+    arm = json.loads(_arm_python(SCRIPT, str(smollm2_path), cache=arm_cache).strip().splitlines()[-1])
     assert arm["variant"].startswith("neon") and arm["native"] and arm["fused"]
     model = edgellm.load(smollm2_path)
     try:
@@ -81,7 +87,7 @@ print("ok", bool(lib.edgellm_int8_gemm_native()))
 
 @pytest.mark.slow
 @needs_avx2
-def test_the_int8_prompt_gemm_on_neon_gives_avx2s_floats_under_qemu(tmp_path):
+def test_the_int8_prompt_gemm_on_neon_gives_avx2s_floats_under_qemu(tmp_path, arm_cache):
     """int8_gemm.c's NEON build (sdot on the weights' own codes, the activations' outliers in fp32), run
     in the aarch64 Python under qemu on I4R64, widened Q5_0 and Q6_K weights: the same floats, bit for
     bit, as the AVX2 build on this machine (the same integers and float operations per lane), whole
@@ -98,7 +104,7 @@ def test_the_int8_prompt_gemm_on_neon_gives_avx2s_floats_under_qemu(tmp_path):
     inputs = {"i4r64": (x, (packed, pairs)), "q5_0": (x, _q5_0_in_q8r16(48, 640, gen)[0]),
               "q6_k": (_activations(11, 768, gen), _q6_k(32, 768)[0])}
     torch.save(inputs, tmp_path / "inputs.pt")
-    out = _arm_python(INT8_SCRIPT, str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt"), cache=tmp_path)
+    out = _arm_python(INT8_SCRIPT, str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt"), cache=arm_cache)
     assert out.split()[-2:] == ["ok", "True"]
     neon, lib = torch.load(tmp_path / "outputs.pt"), kernels.library_for(AVX2)
     avx2 = {"i4r64": Int8Prompt(x, lib).times_i4r64(packed, pairs, (0, 128)),
@@ -123,7 +129,7 @@ LONG_PROMPT = " ".join(["The harbour light turns over the water, slow and patien
 
 @pytest.mark.slow
 @needs_avx2
-def test_smollm2s_prompt_path_on_neon_multiplies_in_int8_as_avx2_does(smollm2_path, tmp_path):
+def test_smollm2s_prompt_path_on_neon_multiplies_in_int8_as_avx2_does(smollm2_path, tmp_path, arm_cache):
     """A prompt past the native pieces' 32 tokens goes through the prompt path, whose linears take
     the int8 GEMM on NEON without bf16 (as on x86 without it): its last logits in the aarch64 Python
     under qemu are as close to the fp32 reference (exact mode) as the AVX2 build's on this machine
@@ -132,7 +138,7 @@ def test_smollm2s_prompt_path_on_neon_multiplies_in_int8_as_avx2_does(smollm2_pa
     from edgellm import kernels
     from edgellm.kernels import build, isa
 
-    _arm_python(PROMPT_SCRIPT, str(smollm2_path), str(tmp_path / "arm.pt"), LONG_PROMPT, cache=tmp_path)
+    _arm_python(PROMPT_SCRIPT, str(smollm2_path), str(tmp_path / "arm.pt"), LONG_PROMPT, cache=arm_cache)
     arm = torch.load(tmp_path / "arm.pt")
     assert arm["describe"].startswith("neon") and "int8 prompt GEMMs" in arm["describe"] and len(arm["ids"]) > 32
     os.environ["EDGELLM_ISA"] = "avx2"
