@@ -43,31 +43,18 @@ static inline b16 b16_zip8_hi(b16 a, b16 b) { return _mm_unpackhi_epi8(a, b); }
 static inline b16 b16_zip16_lo(b16 a, b16 b) { return _mm_unpacklo_epi16(a, b); }
 static inline b16 b16_zip16_hi(b16 a, b16 b) { return _mm_unpackhi_epi16(a, b); }
 
-/* 8-float helpers of their own: in the avx512 build simd.h's vf is 16 floats. */
-static inline __m256 y_abs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
-static inline float y_hmax(__m256 v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
-static inline float y_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 static inline float i8_amax32(const float *x) {
-    __m256 m = y_abs(_mm256_loadu_ps(x));
-    for (int i = 1; i < 4; i++) m = _mm256_max_ps(m, y_abs(_mm256_loadu_ps(x + 8 * i)));
-    return y_hmax(m);
+    __m256 m = f8_abs(_mm256_loadu_ps(x));
+    for (int i = 1; i < 4; i++) m = _mm256_max_ps(m, f8_abs(_mm256_loadu_ps(x + 8 * i)));
+    return f8_hmax(m);
 }
 
 static inline void i8_codes32(const float *x, float inv, int8_t *qx, float sums[2]) {
     __m256 v[4], vinv = _mm256_set1_ps(inv);
     for (int i = 0; i < 4; i++)  /* the codes as floats: converting them is exact */
         v[i] = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    sums[0] = y_sum(_mm256_add_ps(v[0], v[1]));
-    sums[1] = y_sum(_mm256_add_ps(v[2], v[3]));
+    sums[0] = f8_sum(_mm256_add_ps(v[0], v[1]));
+    sums[1] = f8_sum(_mm256_add_ps(v[2], v[3]));
     __m256i ia = _mm256_cvtps_epi32(v[0]), ib = _mm256_cvtps_epi32(v[1]);
     __m256i ic = _mm256_cvtps_epi32(v[2]), id = _mm256_cvtps_epi32(v[3]);
     __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(ia, ib), _mm256_packs_epi32(ic, id));
@@ -79,7 +66,7 @@ static inline uint32_t i8_at_least(const float *x, float floor) {
     __m256 f = _mm256_set1_ps(floor);
     uint32_t mask = 0;
     for (int i = 0; i < 4; i++)
-        mask |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(y_abs(_mm256_loadu_ps(x + 8 * i)), f, _CMP_GE_OQ)) << (8 * i);
+        mask |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(f8_abs(_mm256_loadu_ps(x + 8 * i)), f, _CMP_GE_OQ)) << (8 * i);
     return mask;
 }
 

@@ -78,6 +78,22 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
 }
 
+#if EDGELLM_AVX512 || EDGELLM_AVX2
+/* 8-float vectors on both x86 variants: AVX2's vf, and the halves the avx512 build's int8 GEMM
+   rounds and scans in (int8_isa.h) */
+static inline __m256 f8_abs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+static inline float f8_sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float f8_hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 #if EDGELLM_AVX512
 /* ================================================================ AVX-512: 16 lanes */
 #define VL 16
@@ -185,16 +201,8 @@ static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
-static inline float vf_sum(vf v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-static inline float vf_hmax(vf v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
+static inline float vf_sum(vf v) { return f8_sum(v); }
+static inline float vf_hmax(vf v) { return f8_hmax(v); }
 static inline vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline void vf_sum4(vf a, vf b, vf c, vf d, float *out) {
     __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
@@ -249,7 +257,7 @@ static inline void vf_store_i16(int16_t *p, vf v) {
     __m256i i = _mm256_cvtps_epi32(v);
     _mm_storeu_si128((__m128i *)p, _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1)));
 }
-static inline vf vf_abs(vf v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+static inline vf vf_abs(vf v) { return f8_abs(v); }
 static inline vf vf_from_vi(vi v) { return _mm256_cvtepi32_ps(v); }
 static inline vi vi_load(const int32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline void vi_store(int32_t *p, vi v) { _mm256_storeu_si256((__m256i *)p, v); }
