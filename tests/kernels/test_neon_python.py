@@ -141,15 +141,15 @@ def test_smollm2s_prompt_path_on_neon_multiplies_in_int8_as_avx2_does(smollm2_pa
     _arm_python(PROMPT_SCRIPT, str(smollm2_path), str(tmp_path / "arm.pt"), LONG_PROMPT, cache=arm_cache)
     arm = torch.load(tmp_path / "arm.pt")
     assert arm["describe"].startswith("neon") and "int8 prompt GEMMs" in arm["describe"] and len(arm["ids"]) > 32
-    os.environ["EDGELLM_ISA"] = "avx2"
     isa.selected.cache_clear()
     build.library.cache_clear()
     try:
-        with edgellm.load(smollm2_path) as model:
-            assert "int8 prompt GEMMs" in kernels.describe()
-            x86 = model.logits(arm["ids"])[-1]
+        with pytest.MonkeyPatch.context() as mp:  # restores a variant the whole run was given
+            mp.setenv("EDGELLM_ISA", "avx2")
+            with edgellm.load(smollm2_path) as model:
+                assert "int8 prompt GEMMs" in kernels.describe()
+                x86 = model.logits(arm["ids"])[-1]
     finally:
-        del os.environ["EDGELLM_ISA"]
         isa.selected.cache_clear()
         build.library.cache_clear()
     with edgellm.load(smollm2_path, mode="exact") as model:
