@@ -23,6 +23,7 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
         raise InvalidRequest(f"threads must be >= 1, got {args.threads}")
     path = resolve(args.model)  # a bad name fails here, before the slow torch import
     from edgellm.loader import load
+    from edgellm.memory import keep_out_of_collections
 
     kv = _kv_config(args)
     print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)
@@ -33,6 +34,7 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
                      lora=lora_specs(args))
     finally:
         print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
+    keep_out_of_collections()  # a command's process keeps its model to the end
     return model
 
 
