@@ -99,6 +99,14 @@ def test_bad_flag_is_an_argparse_error():
     assert result.returncode == 2 and "usage" in result.stderr
 
 
+def test_the_command_line_parses_its_arguments_without_torch():
+    """`edgellm --help` and a bad flag answer at once: torch (~1 s) is imported by the command that needs it."""
+    done = subprocess.run([sys.executable, "-c", "import sys, edgellm.cli\n"
+                           "edgellm.cli.build_parser().parse_args(['run', 'hi'])\nprint('torch' in sys.modules)"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr
+
+
 def test_serve_threads_follow_the_cores_actually_free(monkeypatch):
     import psutil
 

@@ -6,7 +6,7 @@ import json
 from contextlib import contextmanager
 from typing import Iterator
 
-from edgellm.quant.recipes import BUILTIN
+from edgellm.quant.builtin_recipes import BUILTIN
 
 
 @contextmanager
