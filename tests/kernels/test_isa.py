@@ -111,3 +111,16 @@ def test_vbmi_cpus_build_the_int4_unpacking_with_vpermb(monkeypatch):
     assert "-mavx512vbmi" not in build._flags(Variant("avx2"))  # the AVX2 variants never take it
     monkeypatch.setattr(build, "cpu_features", lambda: frozenset({"avx512_vnni"}))  # a Cascade Lake
     assert "-mavx512vbmi" not in build._flags(Variant("avx512"))
+
+
+def test_the_first_build_of_a_variant_says_so_and_the_next_use_does_not(monkeypatch, tmp_path, capsys):
+    from edgellm.kernels import build
+
+    compiled = build.library_path(isa.selected())
+    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "build", lambda sources, flags, target: (target.parent.mkdir(parents=True),
+                                                                        target.write_bytes(compiled.read_bytes())))
+    for _ in range(2):
+        build.library_for.__wrapped__(isa.selected())
+    said = [line for line in capsys.readouterr().err.splitlines() if "compiling" in line]
+    assert said == [f"edgellm: compiling the {isa.selected().label} kernels for this CPU (once, ~10 s)"]

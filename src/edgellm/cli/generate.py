@@ -22,10 +22,12 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
     if args.threads is not None and args.threads < 1:
         raise InvalidRequest(f"threads must be >= 1, got {args.threads}")
     path = resolve(args.model)  # a bad name fails here, before the slow torch import
+    from edgellm import kernels
     from edgellm.loader import load
     from edgellm.memory import keep_out_of_collections
 
     kv = _kv_config(args)
+    kernels.library()  # a first run compiles them here: its line before ours
     print(f"loading {args.model} ...", end="", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:

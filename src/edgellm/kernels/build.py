@@ -155,6 +155,8 @@ def library_for(variant: Variant) -> ctypes.CDLL:
     """The compiled library of one variant (built on first use); raises BuildError."""
     target = library_path(variant)
     if not target.is_file():
+        if compiler() is not None:  # ~10 s a user would otherwise spend wondering (once per machine and version)
+            sys.stderr.write(f"edgellm: compiling the {variant.label} kernels for this CPU (once, ~10 s)\n")
         build(_sources(), _flags(variant), target)
     return load(target)
 
