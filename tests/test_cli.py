@@ -161,7 +161,8 @@ def test_a_commands_model_leaves_the_collectors_scans_and_a_librarys_does_not(sm
     """edgellm.load leaves its objects to the collector (a caller may drop the model); a command, whose
     process keeps its model, freezes them: no collection scans them again (the first one after a load
     took ~100 ms inside the first request, and the interpreter's last one ~0.2 s at exit)."""
-    done = subprocess.run([sys.executable, "-c", FROZEN, str(smollm2_path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", FROZEN, str(smollm2_path)], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     library, command, left = map(int, done.stdout.split())
     assert library == 0 and command > 100_000 and left < command / 100

@@ -1,6 +1,6 @@
 """Building and loading the native library: the C sources in this folder, compiled for one ISA
-variant (isa.py) with the system compiler (`cc -O3 -fopenmp -pthread`, a unit per core, ~10 s on two) into edgellm's cache
-directory, keyed by the sources, the variant's flags and the CPU.
+variant (isa.py) with the system compiler (`cc -O3 -fopenmp -pthread`, a unit per core, ~10 s on
+two) into edgellm's cache directory, keyed by the sources, the variant's flags and the CPU.
 
 Where no compiler works, `library()` is None and the models run their PyTorch layers (one line on
 stderr says so, once); EDGELLM_KERNELS=0 asks for that on purpose."""
