@@ -124,7 +124,7 @@ static void test_block_gemv(void) {
     BOTH(gemv_t, edgellm_block_gemv);
     BOTH(bwork_t, edgellm_block_gemv_work);
     BOTH(to_float_t, edgellm_blocks_to_float);
-    typedef void (*repack_t)(const uint8_t *, int64_t, int64_t, uint8_t *);
+    typedef void (*repack_t)(const uint8_t *, int64_t, int64_t, uint8_t *, int);
     BOTH(repack_t, edgellm_q8_0_to_q8r16);
     int types[] = {8, 6, 13, 14, 24, 100};
     const char *names[] = {"Q8_0", "Q5_0", "Q5_K", "Q6_K", "I8", "Q8R16"};
@@ -133,8 +133,8 @@ static void test_block_gemv(void) {
         uint8_t *blocks = random_blocks(types[t] == 100 ? 8 : types[t], n, k, 0.01f, &rb);
         if (types[t] == 100) {  /* Q8_0 rows interleaved by 16: both builds write the same bytes */
             uint8_t *a = malloc((size_t)(n * rb)), *b = malloc((size_t)(n * rb));
-            edgellm_q8_0_to_q8r16_c(blocks, n, k, a);
-            edgellm_q8_0_to_q8r16_r(blocks, n, k, b);
+            edgellm_q8_0_to_q8r16_c(blocks, n, k, a, 2);
+            edgellm_q8_0_to_q8r16_r(blocks, n, k, b, 1);
             int same = memcmp(a, b, (size_t)(n * rb)) == 0;
             printf("%s q8_0_to_q8r16\n", same ? "ok  " : "FAIL");
             failures += !same;

@@ -37,7 +37,7 @@ _SIGNATURES = {
     "edgellm_block_gemv_work": (_i64, [_i, _i64]),
     "edgellm_blocks_to_float": (None, [_p, _i, _i64, _i64, _p, _p, _i, _i]),
     "edgellm_q5_0_to_q8_0": (None, [_p, _i64, _p]),
-    "edgellm_q8_0_to_q8r16": (None, [_p, _i64, _i64, _p]),
+    "edgellm_q8_0_to_q8r16": (None, [_p, _i64, _i64, _p, _i]),
     "edgellm_q8r16_rows": (None, [_p, _i64, _p, _i64, _p]),
     "edgellm_int4_unpack": (None, [_p, _p, _i64, _i64, _i64, _i, _i64, _i64, _p, _i, _i]),
     "edgellm_attention": (None, [_p, _i64, _i64, _p, _p, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _f32, _f32, _p, _i64, _p,

@@ -87,7 +87,7 @@ def q8_0_as_q8r16(rows: torch.Tensor, k: int, out: torch.Tensor | None = None,
     if n % Q8R16_ROWS or k % 32 or rows.shape[1] != k // 32 * 34:
         raise ValueError(f"Q8R16 takes whole groups of {Q8R16_ROWS} Q8_0 rows, got {tuple(rows.shape)} for K = {k}")
     out = torch.empty_like(rows) if out is None else out
-    lib.edgellm_q8_0_to_q8r16(rows.data_ptr(), n, k, out.data_ptr())
+    lib.edgellm_q8_0_to_q8r16(rows.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
     return out
 
 

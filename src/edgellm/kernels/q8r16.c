@@ -22,20 +22,32 @@
 #define R16_MAX_M 8
 #define R16_PREFETCH 2048      /* bytes ahead: one core alone keeps too few lines in flight (2 KB: 0.87-0.91x the time of 6 KB at 1 row) */
 
-/* dst (n / 16 groups) = src's n Q8_0 rows of k weights, interleaved; n % 16 == 0, k % 32 == 0. One
-   thread: it runs at load, in the thread that loads, and an OpenMP team started there would slow
-   the engine thread's own (two teams on two cores: service decode 155 -> 61 tok/s, measured). */
-void edgellm_q8_0_to_q8r16(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
-    int64_t nb = k / 32;
-    for (int64_t g = 0; g < n / R16; g++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *out = dst + (g * nb + b) * R16_BLOCK;
+typedef struct {
+    const uint8_t *src;
+    int64_t nb;
+    uint8_t *dst;
+} R16Pack;
+
+static void r16_pack_groups(void *p, int64_t g0, int64_t g1) {
+    const R16Pack *a = p;
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t b = 0; b < a->nb; b++) {
+            uint8_t *out = a->dst + (g * a->nb + b) * R16_BLOCK;
             for (int j = 0; j < R16; j++) {
-                const uint8_t *block = src + ((g * R16 + j) * nb + b) * 34;
+                const uint8_t *block = a->src + ((g * R16 + j) * a->nb + b) * 34;
                 memcpy(out + 2 * j, block, 2);
                 for (int p = 0; p < 16; p++) memcpy(out + 32 + 32 * p + 2 * j, block + 2 + 2 * p, 2);
             }
         }
+}
+
+/* dst (n / 16 groups) = src's n Q8_0 rows of k weights, interleaved; n % 16 == 0, k % 32 == 0. At
+   load, on edgellm's pool (Gemma 3's 178 MB head, its page faults included: 107 -> 64 ms on 2
+   threads); not on an OpenMP team: one started in the loading thread would slow the engine thread's
+   own (two teams on two cores: service decode 155 -> 61 tok/s, measured). */
+void edgellm_q8_0_to_q8r16(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst, int threads) {
+    R16Pack a = {src, k / 32, dst};
+    pool_for(n / R16, threads, r16_pack_groups, &a);
 }
 
 /* Weight q[2p + e] of row j in a group's block. */
