@@ -93,7 +93,8 @@ def _compile(cc: str, units: list[str], flags: list[str], out: Path) -> subproce
     """Each unit to its object file, as many at once as there are cores (one `cc` for all of them
     took ~17 s on one core of two), then one link; the first failure, if any."""
     objects = [f"{unit[:-2]}.o" for unit in units]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=cores) as pool:  # the cores this process may use, not the host's
         compiled = list(pool.map(_run, ([cc, *COMMON_FLAGS, *flags, "-c", unit, "-o", obj]
                                         for unit, obj in zip(units, objects))))
     failed = next((done for done in compiled if done.returncode != 0), None)
