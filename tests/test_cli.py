@@ -166,3 +166,23 @@ def test_a_commands_model_leaves_the_collectors_scans_and_a_librarys_does_not(sm
     assert done.returncode == 0, done.stderr
     library, command, left = map(int, done.stdout.split())
     assert library == 0 and command > 100_000 and left < command / 100
+
+
+COMMAND_PASSES = """
+import gc, sys
+from edgellm.cli import main
+passes = []
+gc.callbacks.append(lambda phase, info: passes.append(info["generation"]) if phase == "start" else None)
+code = main(["run", "Hello", "-n", "2", "--model", sys.argv[1]])
+print(code, len(passes), gc.isenabled(), file=sys.stderr)
+"""
+
+
+def test_a_command_imports_torch_and_loads_with_the_collector_off_and_runs_with_it_on(smollm2_path):
+    """Each collection pass during the command's imports and load walked all the objects made before it
+    (~0.25 s of `edgellm run`); after the load the collector is on again, its objects frozen."""
+    done = subprocess.run([sys.executable, "-c", COMMAND_PASSES, str(smollm2_path)], capture_output=True, text=True,
+                          timeout=300)
+    code, passes, enabled = done.stderr.split()[-3:]
+    assert (code, enabled) == ("0", "True"), done.stderr
+    assert int(passes) < 20  # a few over two tokens; ~200 with the collector on from the start

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from edgellm.cli.generate import loads_a_model
 from edgellm.errors import InvalidRequest
 
 
@@ -64,6 +65,7 @@ def constraint_from_args(args: argparse.Namespace):
     return None
 
 
+@loads_a_model
 def cmd_classify(args: argparse.Namespace) -> int:
     from edgellm.cli.generate import adapter_choice, load_model
     from edgellm.tasks import classify
@@ -86,6 +88,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+@loads_a_model
 def cmd_extract(args: argparse.Namespace) -> int:
     from edgellm import constrain
     from edgellm.cli.generate import adapter_choice, load_model
@@ -101,6 +104,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+@loads_a_model
 def cmd_summarize(args: argparse.Namespace) -> int:
     from edgellm.cli.generate import adapter_choice, load_model
     from edgellm.tasks import summarize

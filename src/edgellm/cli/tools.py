@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 
+from edgellm.cli.generate import loads_a_model
 from edgellm.registry import REGISTRY
 
 
@@ -191,6 +192,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if result.fits else 6
 
 
+@loads_a_model
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
