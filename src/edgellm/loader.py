@@ -14,6 +14,7 @@ from edgellm.registry import resolve
 from edgellm.threads import configure_threads
 
 
+@collector_paused()  # the model's ~100k long-lived objects: see memory.py
 def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threads: int | None = None,
          context_length: int | None = None, kv: KVConfig | None = None,
          memory_budget: int | str | None = None, speculative: str | None = None,
@@ -30,11 +31,6 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     `draft` (a name, path or loaded Model with the same vocabulary) is the draft model.
     `lora`: adapters made resident at once, name -> path or (path, scale); a memory budget
     pays for them first."""
-    with collector_paused():
-        return _load(name_or_path, mode, threads, context_length, kv, memory_budget, speculative, draft, lora)
-
-
-def _load(name_or_path, mode, threads, context_length, kv, memory_budget, speculative, draft, lora) -> Model:
     configure_threads(threads)
     return_large_frees_to_os()
     source = open_model(resolve(name_or_path))

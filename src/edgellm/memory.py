@@ -102,9 +102,7 @@ def collector_paused() -> Iterator[None]:
 def keep_out_of_collections() -> None:
     """For a process that keeps its model for life (the CLI's commands, `edgellm serve`): every
     object so far (~300k: torch, edgellm, the model) goes to the collector's permanent generation,
-    which it never scans (gc.freeze), and the collector is (back) on for what comes next. Otherwise
-    the first collection after a load scans them all (~100 ms, inside the first request) and every
-    full collection after it again. Not for a library's callers: a model dropped later would never
-    be collected."""
+    which it never scans (gc.freeze). Otherwise the first collection after a load scans them all
+    (~100 ms, inside the first request) and every full collection after it again. Not for a
+    library's callers: a model dropped later would never be collected."""
     gc.freeze()
-    gc.enable()

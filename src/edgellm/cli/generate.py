@@ -52,7 +52,8 @@ def load_model(args: argparse.Namespace, context_length: int | None = None):
                      lora=lora_specs(args))
     finally:
         print(f" {time.perf_counter() - start:.2f} s", file=sys.stderr)
-    keep_out_of_collections()  # a command's process keeps its model to the end (see loads_a_model)
+    keep_out_of_collections()  # a command's process keeps its model to the end
+    gc.enable()  # the pause loads_a_model began ends here: what comes next makes its own garbage
     return model
 
 
