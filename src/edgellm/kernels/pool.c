@@ -121,6 +121,7 @@ static void register_fork_handler(void) { pthread_atfork(NULL, NULL, after_fork)
 
 /* Start workers up to `threads` - 1 (with the caller's turn held); returns how many threads run. */
 static int start_workers(int threads) {
+    if (pool.workers + 1 >= threads) return threads;  /* the usual case: no signal-mask syscalls per job */
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, register_fork_handler);
     sigset_t all, old;
