@@ -1,10 +1,17 @@
 """The packed-weight cache: a second load maps converted linears instead of converting,
-and produces exactly the same model; a damaged cache is rebuilt."""
+and produces exactly the same model; a damaged cache is rebuilt; entries no load can use
+again are removed when a new one is written."""
 from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
 
 import torch
 
 import edgellm
+from edgellm.formats.pack import cache_path
 from edgellm.quant.linear import Int4Linear
 
 
@@ -45,3 +52,42 @@ def test_cache_can_be_disabled(smollm2_path, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGELLM_PACK_CACHE", "0")
     edgellm.load(smollm2_path).close()
     assert _packed_files(tmp_path) == []
+
+
+def _copy(model: Path, folder: Path) -> Path:
+    folder.mkdir()
+    return Path(shutil.copy2(model, folder / model.name))
+
+
+def test_a_rewritten_model_file_replaces_its_entry(smollm2_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path / "cache"))
+    model = _copy(smollm2_path, tmp_path / "models")
+    edgellm.load(model).close()
+    (old,) = _packed_files(tmp_path / "cache")
+    later = model.stat().st_mtime_ns + 10**9  # as a new download or `edgellm quantize` to the same path
+    os.utime(model, ns=(time.time_ns(), later))
+    edgellm.load(model).close()
+    (new,) = _packed_files(tmp_path / "cache")
+    assert new != old and not old.exists()
+
+
+def test_entries_of_removed_files_and_older_builds_go_and_others_stay(smollm2_path, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGELLM_CACHE", str(cache))
+    first = _copy(smollm2_path, tmp_path / "models")
+    second, third = first.with_name("second.gguf"), first.with_name("third.gguf")
+    os.link(first, second), os.link(first, third)  # three paths: three entries
+    of_first, of_second, of_third = (cache_path(path, "fast") for path in (first, second, third))
+    for path in (first, second):
+        edgellm.load(path).close()
+    assert _packed_files(cache) == sorted([of_first, of_second])
+    first.unlink()  # a test's temp copy, a model moved away
+    older = cache / "packed" / ("0123456789abcdef" * 2 + ".safetensors")  # an older edgellm's entry
+    older.write_bytes(b"not a safetensors file of this build")
+    partial = cache / "packed" / f".{of_third.name}.x.partial"  # another process mid-write
+    partial.write_bytes(b"")
+    edgellm.load(third).close()
+    assert _packed_files(cache) == sorted([of_second, of_third]) and partial.exists()
+    stamp = of_second.stat().st_mtime_ns
+    edgellm.load(second).close()
+    assert of_second.stat().st_mtime_ns == stamp  # still read, not rewritten

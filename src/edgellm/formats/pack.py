@@ -3,7 +3,13 @@
 Converting GGUF blocks into edgellm's INT4 layout is most of a fast-mode load. The result
 depends on the file, the mode, edgellm's pack and layout versions (quant/int4_pack.py: the same
 bytes on every machine) and the compute dtype of dense layers (bf16 only on CPUs with native
-bf16): all of it is in the key. A missing, stale or damaged cache is simply rebuilt."""
+bf16): all of it is in the entry's name. A missing, stale or damaged entry is simply rebuilt.
+
+An entry is named `<what>-<when>`: which conversion of which file, then which bytes of it by
+which edgellm. Writing one removes the entries no load can use again (`prune`): the older
+conversions of a file that changed, those of files that are gone (a test's temp copy, a model
+moved away), those of an older edgellm. Without that, every rewritten or re-quantized model left
+its old entry behind (SmolLM2's is 66 MB): a developer's cache grew by ~1.4 GB per test run."""
 from __future__ import annotations
 
 import hashlib
@@ -24,18 +30,52 @@ from edgellm.registry import cache_dir
 PACK_VERSION = 4
 
 
-def cache_key(path: str | Path, mode: str) -> str:
-    stat = Path(path).stat()
-    dense = str(fast_dtype()).removeprefix("torch.")
-    text = f"{Path(path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{mode}|{PACK_VERSION}|{LAYOUT_VERSION}|{dense}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+def _hash(text: str, chars: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:chars]
+
+
+def entry_name(source: str, mode: str, dense: str) -> str:
+    """The cache file's name for `mode`'s conversion of the file at `source` (resolved) with dense
+    layers in `dense`, as the file and edgellm are now."""
+    stat = Path(source).stat()
+    what = _hash(f"{source}|{mode}|{dense}", 32)
+    when = _hash(f"{stat.st_size}|{stat.st_mtime_ns}|{PACK_VERSION}|{LAYOUT_VERSION}", 16)
+    return f"{what}-{when}.safetensors"
+
+
+def _still_usable(entry: Path) -> bool:
+    """Whether a load could still read this entry: it names the conversion its metadata says it
+    holds, of that file as it is now, by this edgellm."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(entry), framework="pt") as f:
+            meta = f.metadata() or {}
+        return entry.name == entry_name(meta["source"], meta["mode"], meta["dense"])
+    except Exception:  # unreadable, from an older edgellm, or its file is gone
+        return False
+
+
+def prune(folder: Path, keep: Path) -> int:
+    """Remove the entries of `folder` no load can use again, never `keep`; returns how many went.
+    Another process's half-written entry is a `.partial` file, not matched here."""
+    removed = 0
+    for entry in folder.glob("*.safetensors"):
+        if entry != keep and not _still_usable(entry):
+            try:
+                entry.unlink()
+                removed += 1
+            except OSError:  # gone already, or a read-only cache
+                continue
+    return removed
 
 
 class PackCache:
     """name -> converted linear, loaded from and saved to one safetensors file."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, identity: dict[str, str]):
         self.path, self.dirty = path, False
+        self.identity = identity  # source, mode, dense: written as metadata, read back by prune()
         self._tensors: dict[str, torch.Tensor] = {}
         self._meta: dict[str, dict] = {}
         if path.is_file():
@@ -85,7 +125,8 @@ class PackCache:
 
         try:
             with atomic_path(self.path) as tmp:
-                save_file(self._tensors, str(tmp), metadata={"linears": json.dumps(self._meta)})
+                save_file(self._tensors, str(tmp), metadata={"linears": json.dumps(self._meta), **self.identity})
+            prune(self.path.parent, keep=self.path)
         except OSError:
             pass
         self.dirty = False
@@ -97,4 +138,14 @@ def pack_cache_for(path: str | Path, mode: str) -> PackCache | None:
     for exact mode, whose fp32 weights are as quick to convert as to read."""
     if mode != "fast" or os.environ.get("EDGELLM_PACK_CACHE", "1") == "0":
         return None
-    return PackCache(cache_dir() / "packed" / f"{cache_key(path, mode)}.safetensors")
+    return PackCache(cache_path(path, mode), _identity(path, mode))
+
+
+def _identity(path: str | Path, mode: str) -> dict[str, str]:
+    """What a conversion is of (kept in its metadata): the file, the mode, the dense layers' dtype."""
+    return {"source": str(Path(path).resolve()), "mode": mode, "dense": str(fast_dtype()).removeprefix("torch.")}
+
+
+def cache_path(path: str | Path, mode: str) -> Path:
+    """Where `mode`'s conversion of the model file at `path` is cached, as the file is now."""
+    return cache_dir() / "packed" / entry_name(**_identity(path, mode))
