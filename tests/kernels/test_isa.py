@@ -2,9 +2,11 @@
 the arithmetic (bf16 only with native bf16)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -124,3 +126,24 @@ def test_the_first_build_of_a_variant_says_so_and_the_next_use_does_not(monkeypa
         build.library_for.__wrapped__(isa.selected())
     said = [line for line in capsys.readouterr().err.splitlines() if "compiling" in line]
     assert said == [f"edgellm: compiling the {isa.selected().label} kernels for this CPU (once, ~10 s)"]
+
+
+def test_a_build_removes_libraries_unused_for_a_month_and_a_load_marks_its_use(monkeypatch, tmp_path):
+    from edgellm.kernels import build
+
+    compiled = build.library_path(isa.selected())
+    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "build", lambda sources, flags, target: target.write_bytes(compiled.read_bytes()))
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    month_ago, day_ago = time.time() - build.UNUSED_FOR_S - 3600, time.time() - 86400
+    older_edgellm, other_venv = folder / "edgellm_avx2_0123456789abcdef.so", folder / "edgellm_avx2_fedcba9876543210.so"
+    for library, used in ((older_edgellm, month_ago), (other_venv, day_ago)):
+        library.write_bytes(b"\x7fELF")
+        os.utime(library, (used, used))
+    build.library_for.__wrapped__(isa.selected())
+    target = build.library_path(isa.selected())
+    assert target.is_file() and other_venv.exists() and not older_edgellm.exists()
+    os.utime(target, (month_ago, month_ago))
+    build.library_for.__wrapped__(isa.selected())  # found, not built: its use is marked
+    assert time.time() - target.stat().st_mtime < 60

@@ -1,6 +1,8 @@
 """Building and loading the native library: the C sources in this folder, compiled for one ISA
 variant (isa.py) with the system compiler (`cc -O3 -fopenmp -pthread`, a unit per core, ~10 s on
-two) into edgellm's cache directory, keyed by the sources, the variant's flags and the CPU.
+two) into edgellm's cache directory, keyed by the sources, the variant's flags and the CPU. A
+build removes the libraries no process has loaded for UNUSED_FOR_S (each edgellm version leaves
+one per variant behind; a loaded library's mtime says when it was last used).
 
 Where no compiler works, `library()` is None and the models run their PyTorch layers (one line on
 stderr says so, once); EDGELLM_KERNELS=0 asks for that on purpose."""
@@ -13,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from functools import lru_cache
@@ -27,6 +30,7 @@ from edgellm.kernels.isa import Variant, cpu_features, selected
 # compiled without being listed anywhere.
 SOURCES = tuple(sorted(r.name for r in resources.files("edgellm.kernels").iterdir() if r.name.endswith((".c", ".h"))))
 COMMON_FLAGS = ["-O3", "-shared", "-fPIC"]
+UNUSED_FOR_S = 30 * 24 * 3600
 
 _p, _i, _i64, _f32, _f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
 # exported function -> (return type, argument types); layer functions are typed in decode.py
@@ -155,11 +159,35 @@ def library_path(variant: Variant) -> Path:
 def library_for(variant: Variant) -> ctypes.CDLL:
     """The compiled library of one variant (built on first use); raises BuildError."""
     target = library_path(variant)
-    if not target.is_file():
+    if target.is_file():
+        _mark_used(target)
+    else:
         if compiler() is not None:  # ~10 s a user would otherwise spend wondering (once per machine and version)
             sys.stderr.write(f"edgellm: compiling the {variant.label} kernels for this CPU (once, ~10 s)\n")
         build(_sources(), _flags(variant), target)
+        remove_unused(target.parent, keep=target)
     return load(target)
+
+
+def _mark_used(library: Path) -> None:
+    try:
+        os.utime(library)
+    except OSError:  # a read-only cache: it is only never swept
+        pass
+
+
+def remove_unused(folder: Path, keep: Path) -> int:
+    """Remove the libraries in `folder` that no process loaded for UNUSED_FOR_S (an older edgellm's,
+    a variant no longer run), never `keep`; returns how many went."""
+    removed, now = 0, time.time()
+    for library in folder.glob("edgellm_*.so"):
+        try:
+            if library != keep and now - library.stat().st_mtime > UNUSED_FOR_S:
+                library.unlink()
+                removed += 1
+        except OSError:  # gone already, or a read-only cache
+            continue
+    return removed
 
 
 def load(path: Path) -> ctypes.CDLL:
