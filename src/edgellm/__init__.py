@@ -26,5 +26,7 @@ def __getattr__(name: str) -> Any:
         from edgellm.memory import collector_paused
 
         with collector_paused():  # the import of torch
-            return getattr(importlib.import_module(_LAZY[name]), name)
+            value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # the next use finds it without this function
+        return value
     raise AttributeError(f"module 'edgellm' has no attribute {name!r}")
