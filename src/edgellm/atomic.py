@@ -8,7 +8,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 PARTIAL = ".partial"
 STALE_AFTER_S = 600  # untouched this long, a temp file's writer is gone (a live one keeps writing)
@@ -33,16 +33,23 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
 
 def sweep_partials(folder: str | Path, older_than_s: float = STALE_AFTER_S) -> int:
     """Remove the temp files of interrupted writes in `folder`; returns how many went."""
-    removed, now = 0, time.time()
+    now = time.time()
     try:
         candidates = list(Path(folder).glob(f"*{PARTIAL}"))
     except OSError:
         return 0
-    for path in candidates:
+    return remove_files(candidates, lambda path: path.is_file() and now - path.stat().st_mtime > older_than_s)
+
+
+def remove_files(paths: Iterable[Path], doomed: Callable[[Path], bool]) -> int:
+    """Remove each of `paths` that `doomed` picks; returns how many went. One another process
+    removed first, or a read-only folder, is passed over."""
+    removed = 0
+    for path in paths:
         try:
-            if path.is_file() and now - path.stat().st_mtime > older_than_s:
+            if doomed(path):
                 path.unlink()
                 removed += 1
         except OSError:
-            continue  # another process swept it, or the folder is read-only
+            continue
     return removed

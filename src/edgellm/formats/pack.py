@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from edgellm.atomic import atomic_path
+from edgellm.atomic import atomic_path, remove_files
 from edgellm.quant.int4_pack import LAYOUT_VERSION
 from edgellm.quant.linear import DenseLinear, Int4Linear, fast_dtype
 from edgellm.registry import cache_dir
@@ -59,15 +59,7 @@ def _still_usable(entry: Path) -> bool:
 def prune(folder: Path, keep: Path) -> int:
     """Remove the entries of `folder` no load can use again, never `keep`; returns how many went.
     Another process's half-written entry is a `.partial` file, not matched here."""
-    removed = 0
-    for entry in folder.glob("*.safetensors"):
-        if entry != keep and not _still_usable(entry):
-            try:
-                entry.unlink()
-                removed += 1
-            except OSError:  # gone already, or a read-only cache
-                continue
-    return removed
+    return remove_files(folder.glob("*.safetensors"), lambda entry: entry != keep and not _still_usable(entry))
 
 
 class PackCache:
@@ -138,7 +130,8 @@ def pack_cache_for(path: str | Path, mode: str) -> PackCache | None:
     for exact mode, whose fp32 weights are as quick to convert as to read."""
     if mode != "fast" or os.environ.get("EDGELLM_PACK_CACHE", "1") == "0":
         return None
-    return PackCache(cache_path(path, mode), _identity(path, mode))
+    identity = _identity(path, mode)
+    return PackCache(_entry_path(identity), identity)
 
 
 def _identity(path: str | Path, mode: str) -> dict[str, str]:
@@ -146,6 +139,10 @@ def _identity(path: str | Path, mode: str) -> dict[str, str]:
     return {"source": str(Path(path).resolve()), "mode": mode, "dense": str(fast_dtype()).removeprefix("torch.")}
 
 
+def _entry_path(identity: dict[str, str]) -> Path:
+    return cache_dir() / "packed" / entry_name(**identity)
+
+
 def cache_path(path: str | Path, mode: str) -> Path:
     """Where `mode`'s conversion of the model file at `path` is cached, as the file is now."""
-    return cache_dir() / "packed" / entry_name(**_identity(path, mode))
+    return _entry_path(_identity(path, mode))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from edgellm.atomic import remove_files
 from edgellm.kernels.isa import Variant, cpu_features, selected
 
 # Every C file and header of this package: a new native layer file (e.g. <family>_layer.c) is
@@ -179,15 +180,9 @@ def _mark_used(library: Path) -> None:
 def remove_unused(folder: Path, keep: Path) -> int:
     """Remove the libraries in `folder` that no process loaded for UNUSED_FOR_S (an older edgellm's,
     a variant no longer run), never `keep`; returns how many went."""
-    removed, now = 0, time.time()
-    for library in folder.glob("edgellm_*.so"):
-        try:
-            if library != keep and now - library.stat().st_mtime > UNUSED_FOR_S:
-                library.unlink()
-                removed += 1
-        except OSError:  # gone already, or a read-only cache
-            continue
-    return removed
+    now = time.time()
+    return remove_files(folder.glob("edgellm_*.so"),
+                        lambda library: library != keep and now - library.stat().st_mtime > UNUSED_FOR_S)
 
 
 def load(path: Path) -> ctypes.CDLL:
