@@ -1,18 +1,23 @@
-"""Samplers: pure functions on logits, and a seeded generator for reproducibility."""
+"""Samplers: pure functions on logits (numpy arrays, or tensors read in place), and a seeded
+generator for reproducibility."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from edgellm.errors import InvalidRequest
-from edgellm.generate.sampling import (ARGMAX_ROW, Sampler, SamplingParams, apply_repetition_penalty, greedy,
-                                       keep_min_p, keep_top_k, keep_top_p)
+from edgellm.generate.sampling import (NothingToDraw, Sampler, SamplingParams, apply_repetition_penalty, greedy,
+                                       keep_min_p, keep_top_k, keep_top_p, softmax)
 
-LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
+LOGITS = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
 
 
-def _kept(logits: torch.Tensor) -> set[int]:
-    return set(torch.nonzero(torch.isfinite(logits)).flatten().tolist())
+def _kept(logits: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(np.isfinite(logits)).tolist())
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
 
 
 def test_top_k_keeps_the_k_best():
@@ -21,20 +26,20 @@ def test_top_k_keeps_the_k_best():
 
 
 def test_top_p_keeps_smallest_set_reaching_p():
-    probs = LOGITS.softmax(-1)  # order: 4 (0.61), 0 (0.22), 1 (0.08), 2, 3
+    probs = softmax(LOGITS)  # order: 4 (0.61), 0 (0.22), 1 (0.08), 2, 3
     assert _kept(keep_top_p(LOGITS, 0.5)) == {4}
     assert _kept(keep_top_p(LOGITS, float(probs[4] + probs[0]) - 1e-4)) == {4, 0}
     assert _kept(keep_top_p(LOGITS, 0.9)) == {4, 0, 1}
 
 
 def test_min_p_drops_tokens_far_below_the_best():
-    probs = LOGITS.softmax(-1)
+    probs = softmax(LOGITS)
     kept = _kept(keep_min_p(LOGITS, 0.1))
     assert kept == {i for i in range(5) if probs[i] >= 0.1 * probs.max()}
 
 
 def test_repetition_penalty_lowers_seen_tokens_both_signs():
-    out = apply_repetition_penalty(LOGITS, torch.tensor([0, 3]), 2.0)
+    out = apply_repetition_penalty(LOGITS, [0, 3], 2.0)
     assert out[0] == 1.0 and out[3] == -2.0 and out[4] == 3.0
 
 
@@ -42,34 +47,56 @@ def test_greedy_is_argmax_and_ignores_seed():
     assert Sampler(SamplingParams(temperature=0))(LOGITS, []) == 4
 
 
-@pytest.mark.parametrize("n", [5, 49152, 262144, 128256, 3 * ARGMAX_ROW + 1])
+@pytest.mark.parametrize("n", [5, 49152, 262144, 128256, 6145])
 def test_greedy_picks_the_first_maximum_as_argmax_does(n):
-    gen = torch.Generator().manual_seed(n)
+    gen = _rng(n)
     for trial in range(20):
-        logits = torch.randn(n, generator=gen)
+        logits = gen.standard_normal(n, dtype=np.float32)
         if trial % 2:  # ties: the first of equal maxima wins, wherever they fall (the tail too)
-            spots = torch.randint(0, n, (3,), generator=gen)
+            spots = gen.integers(0, n, 3)
             logits[spots] = logits.max() + 1
             logits[-1] = logits.max()
-        assert greedy(logits) == int(logits.argmax())
+        assert greedy(logits) == int(np.argmax(logits))
+        assert greedy(logits[::-1]) == int(np.argmax(logits[::-1]))  # strided: numpy's argmax
+
+
+def test_a_tensors_logits_are_read_in_place():
+    torch = pytest.importorskip("torch")
+    logits = torch.from_numpy(LOGITS.copy())
+    assert greedy(logits) == 4 and Sampler(SamplingParams(temperature=1.0, top_k=1, seed=1))(logits, []) == 4
+    assert greedy(logits.bfloat16()) == 4
 
 
 def test_same_seed_same_samples_different_seed_differs():
-    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    logits = _rng(0).standard_normal(1000, dtype=np.float32)
     draw = lambda seed: [Sampler(SamplingParams(temperature=1.0, seed=seed))(logits, []) for _ in range(1)] + \
         (lambda s: [s(logits, []) for _ in range(20)])(Sampler(SamplingParams(temperature=1.0, seed=seed)))  # noqa: E731
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
 
 
-def test_unseeded_samplers_leave_torchs_global_generator_alone():
-    torch.manual_seed(1234)
-    expected = torch.rand(3)
-    torch.manual_seed(1234)
+def test_unseeded_samplers_leave_numpys_global_generator_alone():
+    np.random.seed(1234)
+    expected = np.random.rand(3)
+    np.random.seed(1234)
     a, b = Sampler(SamplingParams(temperature=1.0)), Sampler(SamplingParams(temperature=1.0))
-    assert torch.equal(torch.rand(3), expected)  # the caller's seeded stream goes on undisturbed
-    probs = torch.full((1000,), 1e-3)
+    assert np.array_equal(np.random.rand(3), expected)  # the caller's seeded stream goes on undisturbed
+    probs = np.full(1000, 1e-3)
     assert [a.draw(probs) for _ in range(8)] != [b.draw(probs) for _ in range(8)]  # each its own seed
+
+
+def test_seeds_of_the_whole_64_bit_range_are_streams_of_their_own():
+    draws = {seed: [Sampler(SamplingParams(temperature=1.0, seed=seed)).uniform()] for seed in (-2**63, -1, 0, 2**64 - 2)}
+    assert len({tuple(d) for d in draws.values()}) == 4
+
+
+def test_draw_takes_unnormalized_weights_and_never_a_token_of_weight_zero():
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=5))
+    weights = np.array([0.0, 3.0, 0.0, 1.0, 0.0])
+    drawn = [sampler.draw(weights) for _ in range(4000)]
+    assert set(drawn) == {1, 3} and 0.72 < drawn.count(1) / 4000 < 0.78
+    with pytest.raises(NothingToDraw):
+        sampler.draw(np.zeros(5))
 
 
 def test_sampling_respects_filters():
@@ -87,10 +114,10 @@ def test_invalid_parameters_raise_typed_error(bad):
 
 # The native path (kernels/sample.c): the same distribution as probs(), drawn without torch's
 # parallel reductions. Logits shaped like a language model's: a few tokens far above the rest.
-def _peaked(n: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, generator=gen) * 1.5
-    logits[torch.randperm(n, generator=gen)[:12]] = torch.linspace(14, 17, 12)
+def _peaked(n: int, seed: int) -> np.ndarray:
+    gen = _rng(seed)
+    logits = gen.standard_normal(n, dtype=np.float32) * 1.5
+    logits[gen.permutation(n)[:12]] = np.linspace(14, 17, 12)
     return logits
 
 
@@ -109,36 +136,36 @@ NATIVE_FILTERS = [dict(temperature=0.8, top_p=0.9), dict(temperature=0.7, top_k=
 def test_native_candidates_are_the_tokens_and_probabilities_probs_gives(n, filters):
     _needs_kernels()
     logits = _peaked(n, seed=n)
-    logits[torch.randperm(n, generator=torch.Generator().manual_seed(1))[: n // 3]] = float("-inf")  # a grammar's mask
+    logits[_rng(1).permutation(n)[: n // 3]] = -np.inf  # a grammar's mask
     sampler = Sampler(SamplingParams(**filters))
     ids, probs = sampler.candidates(logits)
     reference = sampler.probs(logits, [])
-    assert set(ids.tolist()) == set(reference.nonzero().flatten().tolist())
-    assert torch.allclose(probs, reference[ids].double(), rtol=1e-4, atol=1e-7)
+    assert set(ids.tolist()) == set(np.flatnonzero(reference).tolist())
+    assert np.allclose(probs, reference[ids], rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("nucleus", [500, 3000])
 @pytest.mark.parametrize("filters", [dict(temperature=1.0, top_p=0.9), dict(temperature=0.9, top_k=1000)])
 def test_a_nucleus_of_hundreds_or_thousands_of_tokens_is_drawn_natively(nucleus, filters):
     _needs_kernels()
-    gen = torch.Generator().manual_seed(nucleus)
-    logits = torch.randn(49152, generator=gen) - 12.0  # a tail holding ~nothing
-    logits[torch.randperm(49152, generator=gen)[:nucleus]] = torch.randn(nucleus, generator=gen) * 0.5
+    gen = _rng(nucleus)
+    logits = gen.standard_normal(49152, dtype=np.float32) - 12.0  # a tail holding ~nothing
+    logits[gen.permutation(49152)[:nucleus]] = gen.standard_normal(nucleus, dtype=np.float32) * 0.5
     sampler = Sampler(SamplingParams(seed=3, **filters))
     found = sampler.candidates(logits)
     assert found is not None, "the wider try must cover it"
     ids, probs = found
     reference = sampler.probs(logits, [])
-    assert len(ids) > 256 and set(ids.tolist()) == set(reference.nonzero().flatten().tolist())
-    assert torch.allclose(probs, reference[ids].double(), rtol=1e-4, atol=1e-7)
+    assert len(ids) > 256 and set(ids.tolist()) == set(np.flatnonzero(reference).tolist())
+    assert np.allclose(probs, reference[ids], rtol=1e-4, atol=1e-7)
 
 
 def test_filters_reaching_past_the_candidates_leave_it_to_the_whole_vocabulary():
     _needs_kernels()
-    flat = torch.randn(49152, generator=torch.Generator().manual_seed(2)) * 0.1  # a nucleus of ~44k tokens
+    flat = _rng(2).standard_normal(49152, dtype=np.float32) * 0.1  # a nucleus of ~44k tokens
     sampler = Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=1))
     assert sampler.candidates(flat) is None
-    nucleus = sampler.probs(flat, []).nonzero().flatten().tolist()
+    nucleus = np.flatnonzero(sampler.probs(flat, [])).tolist()
     assert {sampler(flat, []) for _ in range(50)} <= set(nucleus)
 
 
@@ -147,25 +174,25 @@ def test_native_draws_follow_the_distribution(filters):
     _needs_kernels()
     logits = _peaked(49152, seed=5)
     sampler = Sampler(SamplingParams(seed=11, **filters))
-    probs = sampler.probs(logits, []).double()
+    probs = sampler.probs(logits, []).astype(np.float64)
     draws = 6000
-    counts = torch.bincount(torch.tensor([sampler(logits, []) for _ in range(draws)]), minlength=logits.numel()).double()
+    counts = np.bincount([sampler(logits, []) for _ in range(draws)], minlength=logits.size).astype(np.float64)
     assert counts[probs == 0].sum() == 0  # never a token the filters dropped
     likely = probs > 0.02
-    spread = 5 * (probs[likely] * (1 - probs[likely]) / draws).sqrt() + 1e-3  # 5 sigma: a seeded, fixed test
-    assert ((counts[likely] / draws - probs[likely]).abs() <= spread).all()
+    spread = 5 * np.sqrt(probs[likely] * (1 - probs[likely]) / draws) + 1e-3  # 5 sigma: a seeded, fixed test
+    assert (np.abs(counts[likely] / draws - probs[likely]) <= spread).all()
 
 
 def test_the_whole_vocabulary_draw_never_picks_a_masked_token():
     _needs_kernels()
-    logits = torch.full((262144,), float("-inf"))
+    logits = np.full(262144, -np.inf, dtype=np.float32)
     allowed = [3, 1030, 70000, 262143]  # in several of the kernel's blocks, the last one too
-    logits[allowed] = torch.tensor([0.0, 1.0, -2.0, 0.5])
+    logits[allowed] = [0.0, 1.0, -2.0, 0.5]
     sampler = Sampler(SamplingParams(temperature=1.0, seed=4))
     assert {sampler(logits, []) for _ in range(300)} == set(allowed)
 
 
-def test_without_kernels_sampling_takes_torchs_path(monkeypatch):
+def test_without_kernels_sampling_takes_numpys_path(monkeypatch):
     from edgellm.generate import sampling
     monkeypatch.setattr(sampling, "library", lambda: None)
     sampler = Sampler(SamplingParams(temperature=1.5, top_k=2, seed=3))
@@ -175,27 +202,31 @@ def test_without_kernels_sampling_takes_torchs_path(monkeypatch):
 def test_a_repetition_penalty_keeps_the_native_draw_on_the_penalized_distribution():
     _needs_kernels()
     logits = _peaked(49152, seed=9)
-    history = logits.topk(3).indices.tolist() + [5, 77]  # the favourites were said already
+    history = np.argsort(-logits)[:3].tolist() + [5, 77]  # the favourites were said already
     sampler = Sampler(SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.3, seed=2))
     ids, probs = sampler.candidates(sampler._penalized(logits, history))
     reference = sampler.probs(logits, history)
-    assert set(ids.tolist()) == set(reference.nonzero().flatten().tolist())
-    assert torch.allclose(probs, reference[ids].double(), rtol=1e-4, atol=1e-7)
-    assert torch.equal(logits, _peaked(49152, seed=9))  # the caller's logits are left as they were
+    assert set(ids.tolist()) == set(np.flatnonzero(reference).tolist())
+    assert np.allclose(probs, reference[ids], rtol=1e-4, atol=1e-7)
+    assert np.array_equal(logits, _peaked(49152, seed=9))  # the caller's logits are left as they were
     greedy_sampler = Sampler(SamplingParams(temperature=0, repetition_penalty=1.3))
-    penalized = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), 1.3)
-    assert greedy_sampler(logits, history) == int(penalized.argmax())
+    penalized = apply_repetition_penalty(logits, sorted(set(history)), 1.3)
+    assert greedy_sampler(logits, history) == int(np.argmax(penalized))
 
 
-def test_candidates_of_logits_the_kernels_cannot_read_are_left_to_torch():
+def test_candidates_of_logits_the_kernels_cannot_read_are_left_to_numpy():
     sampler = Sampler(SamplingParams(temperature=0.8, top_k=5, seed=1))
-    strided = _peaked(2 * 4096, seed=3).view(4096, 2)[:, 0]
-    assert sampler.candidates(strided) is None and sampler.candidates(strided.bfloat16()) is None
-    assert sampler(strided, []) in set(strided.topk(5).indices.tolist())
+    strided = _peaked(2 * 4096, seed=3).reshape(4096, 2)[:, 0]
+    assert sampler.candidates(strided) is None
+    assert sampler(strided, []) in set(np.argsort(-strided)[:5].tolist())
 
 
-def test_logits_with_nothing_left_to_draw_fail_as_torchs_path_does():
-    _needs_kernels()
+def test_logits_with_nothing_left_to_draw_fail_on_either_path(monkeypatch):
+    from edgellm.generate import sampling
+
     sampler = Sampler(SamplingParams(temperature=1.0, seed=1))
-    with pytest.raises(RuntimeError):
-        sampler(torch.full((4096,), float("-inf")), [])
+    with pytest.raises(NothingToDraw):
+        sampler(np.full(4096, -np.inf, dtype=np.float32), [])
+    monkeypatch.setattr(sampling, "library", lambda: None)
+    with pytest.raises(NothingToDraw):
+        sampler(np.full(4096, -np.inf, dtype=np.float32), [])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+import numpy as np
 import torch
 
 from edgellm.generate.sampling import Sampler, greedy
@@ -26,7 +27,7 @@ class Drafter(Protocol):
     # verdict that guesses do not pay is worth checking again (AdaptiveSpeculation)
     free_guesses: bool
 
-    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], np.ndarray | None]:
         """Up to k guessed next tokens after `context`, and the probabilities they were drawn
         with ((len, V); None: chosen deterministically, i.e. q is one-hot)."""
         ...
@@ -86,7 +87,7 @@ class DraftModel:
         self.net, self.kv, self.sampler, self.name = net, kv, sampler, name
         self.seq: SequenceKV | None = None
 
-    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], np.ndarray | None]:
         if self.seq is None:
             self.seq, _ = self.kv.new_sequence([])
         seen = self._common_prefix(context)
@@ -101,7 +102,7 @@ class DraftModel:
                 probs.append(p)
             if i + 1 < k:
                 logits = self._feed([token])
-        return drafted, (torch.stack(probs) if probs else None)
+        return drafted, (np.stack(probs) if probs else None)
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Tokens into the draft's KV; the last one's logits. A short catch-up goes as rows of
@@ -123,7 +124,7 @@ class DraftModel:
             same += 1
         return same
 
-    def _pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None]:
+    def _pick(self, logits: torch.Tensor, history: list[int]) -> tuple[int, np.ndarray | None]:
         probs = None if self.sampler is None else self.sampler.probs(logits, history)
         if probs is None:  # greedy
             return greedy(logits), None

@@ -1,12 +1,12 @@
-"""Logits -> next token. Small pure functions composed into one sampler; randomness comes
-only from an explicit, seeded generator, so the same seed gives the same text."""
+"""Logits -> next token. Small pure functions on numpy arrays composed into one sampler (a
+tensor's logits are read in place); randomness comes only from an explicit, seeded generator
+(numpy's PCG64), so the same seed gives the same text."""
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from edgellm.errors import InvalidRequest
 from edgellm.kernels.build import library
@@ -43,74 +43,83 @@ class SamplingParams:
 # Below this temperature sampling is greedy: logits / T would overflow to inf (1e-300 did) long
 # before the distribution stops being one-hot in float32.
 GREEDY_BELOW = 1e-5
-ARGMAX_ROW = 2048  # logits per row of greedy()'s first pass
 # Logits a filtered draw (top-k, top-p, min-p) looks at natively, the few first: nucleus sampling
 # at top_p 0.9-0.95 keeps tens of tokens of a small model's vocabulary. At temperature 1, top_p 0.9
-# one SmolLM2 step in 10 kept 280-670 (then the tries up to 1024: ~0.45 ms, where torch's sort and
-# multinomial over the vocabulary take ~5 ms, more than a decode step).
+# one SmolLM2 step in 10 kept 280-670 (then the tries up to 1024: ~0.45 ms, where a sort and a
+# softmax over the vocabulary take several ms, more than a decode step).
 CANDIDATES = (256, 1024, 4096)
 
 
-def greedy(logits: torch.Tensor) -> int:
-    """int(logits.argmax()) of 1-D logits, the first maximum: the native kernel where there is one
-    (it runs on this thread, where torch's reduction would wake its OpenMP workers, kernels/pool.h),
-    else in two passes: torch's 1-D argmax is a scalar loop (~0.5 ms over Gemma's 262k logits, 2-5 %
-    of a decode step), row maxima vectorize (~25 us)."""
-    lib = library()
-    if lib is not None and logits.dtype == torch.float32 and logits.is_contiguous() and logits.numel():
-        return lib.edgellm_argmax(logits.data_ptr(), logits.numel())
-    full = logits.shape[0] - logits.shape[0] % ARGMAX_ROW
-    if full < 2 * ARGMAX_ROW:
-        return int(logits.argmax())
-    rows = logits[:full].reshape(-1, ARGMAX_ROW)
-    row = int(rows.amax(1).argmax())
-    best = row * ARGMAX_ROW + int(rows[row].argmax())
-    if full < logits.shape[0]:
-        tail = full + int(logits[full:].argmax())
-        if logits[tail] > logits[best]:
-            best = tail
-    return best
+class NothingToDraw(RuntimeError):
+    """Every token of a distribution has weight 0 (all logits -inf or NaN): nothing can come next."""
 
 
-def _native_input(logits: torch.Tensor) -> bool:
+def as_logits(logits) -> np.ndarray:
+    """1-D fp32 logits as numpy: an array as it is, a CPU tensor's own memory (no copy for fp32)."""
+    if not isinstance(logits, np.ndarray) and hasattr(logits, "detach"):  # a torch tensor
+        logits = logits.detach().float().numpy()
+    return np.asarray(logits, dtype=np.float32)
+
+
+def greedy(logits) -> int:
+    """The first maximum of 1-D logits: the native kernel where there is one (it runs on this
+    thread: kernels/pool.h), else numpy's."""
+    x = as_logits(logits)
+    if _native_input(x) and x.size:
+        return library().edgellm_argmax(x.ctypes.data, x.size)
+    return int(np.argmax(x))
+
+
+def _native_input(x: np.ndarray) -> bool:
     """Whether kernels/sample.c can read these logits: fp32, 1-D, contiguous, and a library built."""
-    return (library() is not None and logits.dtype == torch.float32 and logits.dim() == 1
-            and logits.is_contiguous())
+    return x.dtype == np.float32 and x.ndim == 1 and x.flags.c_contiguous and library() is not None
 
 
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    # Positive logits shrink, negative ones grow: both make seen tokens less likely. The copy is
-    # numpy's: torch's copy of a vocabulary is an OpenMP region, which wakes its team (kernels/pool.h).
-    out = torch.from_numpy(logits.detach().numpy().copy()) if logits.device.type == "cpu" else logits.clone()
-    picked = out.gather(-1, seen)
-    return out.scatter_(-1, seen, torch.where(picked > 0, picked / penalty, picked * penalty))
+def softmax(logits: np.ndarray) -> np.ndarray:
+    top = logits.max()
+    if top == -np.inf:  # every token masked: no distribution (draw() says so)
+        return np.zeros_like(logits)
+    weights = np.exp(logits - top)
+    return weights / weights.sum()
 
 
-def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    kth = torch.topk(logits, k).values[..., -1:]
-    return logits.masked_fill(logits < kth, float("-inf"))
+def apply_repetition_penalty(logits, seen, penalty: float) -> np.ndarray:
+    """A copy where the `seen` tokens' positive logits shrink and negative ones grow: both make
+    them less likely."""
+    out = as_logits(logits).copy()
+    seen = np.asarray(seen, dtype=np.int64)
+    picked = out[seen]
+    out[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
+    return out
 
 
-def keep_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+def keep_top_k(logits, k: int) -> np.ndarray:
+    x = as_logits(logits)
+    if k <= 0 or k >= x.shape[-1]:
+        return x
+    kth = np.partition(x, x.size - k)[x.size - k]
+    return np.where(x < kth, np.float32(-np.inf), x)
+
+
+def keep_top_p(logits, p: float) -> np.ndarray:
     """Keep the smallest set of tokens whose probability mass reaches p."""
+    x = as_logits(logits)
     if p >= 1.0:
-        return logits
-    sorted_logits, order = logits.sort(descending=True)
-    cumulative = sorted_logits.softmax(-1).cumsum(-1)
-    drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= p  # mass before this token already >= p
-    drop = drop_sorted.scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+        return x
+    order = np.argsort(-x, kind="stable")
+    probs = softmax(x[order])
+    drop = np.empty(x.size, dtype=bool)
+    drop[order] = (np.cumsum(probs) - probs) >= p  # the mass before this token already reaches p
+    return np.where(drop, np.float32(-np.inf), x)
 
 
-def keep_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+def keep_min_p(logits, min_p: float) -> np.ndarray:
     """Drop tokens whose probability is below min_p times the top token's."""
+    x = as_logits(logits)
     if min_p <= 0.0:
-        return logits
-    probs = logits.softmax(-1)
-    threshold = probs.max(-1, keepdim=True).values * min_p
-    return logits.masked_fill(probs < threshold, float("-inf"))
+        return x
+    probs = softmax(x)
+    return np.where(probs < probs.max() * min_p, np.float32(-np.inf), x)
 
 
 class Sampler:
@@ -118,53 +127,63 @@ class Sampler:
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.generator = torch.Generator()
-        # no seed: a fresh one of our own (torch.seed() would reseed torch's global generator, the caller's)
-        self.generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+        # no seed: a fresh one of our own (numpy's global generator is the caller's)
+        seed = params.seed % 2**64 if params.seed is not None else secrets.randbits(64)
+        self.generator = np.random.Generator(np.random.PCG64(seed))
 
-    def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
+    def __call__(self, logits, history: list[int]) -> int:
         penalized = self._penalized(logits, history)
         if self.params.temperature < GREEDY_BELOW:
             return greedy(penalized)
         token = self._native(penalized)
         return self.draw(self.probs(logits, history)) if token is None else token
 
-    def probs(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor | None:
+    def probs(self, logits, history: list[int]) -> np.ndarray | None:
         """The distribution the next token is drawn from (penalty, temperature, top-k/p, min-p
         applied); None under greedy decoding."""
         p = self.params
         if p.temperature < GREEDY_BELOW:
             return None
-        logits = keep_min_p(keep_top_p(keep_top_k(self._penalized(logits, history) / p.temperature, p.top_k), p.top_p),
-                            p.min_p)
-        return logits.softmax(-1)
+        x = self._penalized(logits, history) / np.float32(p.temperature)
+        return softmax(keep_min_p(keep_top_p(keep_top_k(x, p.top_k), p.top_p), p.min_p))
 
-    def draw(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+    def uniform(self) -> float:
+        """The next number in [0, 1) of this sampler's stream."""
+        return float(self.generator.random())
 
-    def candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def draw(self, probs: np.ndarray) -> int:
+        """A token drawn with the (unnormalized) weights `probs`."""
+        cumulative = np.cumsum(probs, dtype=np.float64)
+        total = cumulative[-1] if cumulative.size else 0.0
+        if not total > 0 or not np.isfinite(total):
+            raise NothingToDraw("no token has any probability left (every logit is -inf or NaN)")
+        token = int(np.searchsorted(cumulative, self.uniform() * total, side="right"))
+        return token if token < cumulative.size else int(np.flatnonzero(probs)[-1])  # u * total rounded up to total
+
+    def candidates(self, logits) -> tuple[np.ndarray, np.ndarray] | None:
         """(ids, probabilities) of the tokens that probs() gives weight, found natively from the
         CANDIDATES largest logits (or top_k's) and the softmax's full denominator; None where the
         filters reach past them (then only the whole vocabulary tells) or nothing filters."""
-        p, lib, n = self.params, library(), logits.numel()
-        if not (_native_input(logits) and self._filters(n)):
+        x = as_logits(logits)
+        p, lib, n = self.params, library(), x.size
+        if not (_native_input(x) and self._filters(n)):
             return None
         top_k = p.top_k if p.top_k < n else 0
         total = None
         for k in ([top_k] if top_k else sorted({min(c, n) for c in CANDIDATES})):
-            found = _top_logits(logits, k)
+            found = _top_logits(x, k)
             if found is None:
                 return None  # no memory for the native heap
             ids, values = found
-            weights = ((values.double() - float(values[0])) / p.temperature).exp()  # the largest logit's is 1
+            weights = np.exp((values.astype(np.float64) - float(values[0])) / p.temperature)  # the largest's is 1
             mass = float(weights.sum())
             whole = bool(top_k) or k == n  # exactly these tokens are left
             if whole:
                 total = mass
             elif total is None:  # top_p needs the mass of the whole vocabulary
-                total = lib.edgellm_exp_sum(logits.data_ptr(), n, 1 / p.temperature, float(values[0]))
+                total = lib.edgellm_exp_sum(x.ctypes.data, n, 1 / p.temperature, float(values[0]))
             if whole or (p.top_p < 1 and mass / total >= p.top_p) or (p.min_p > 0 and float(weights[-1]) < p.min_p):
-                keep = (weights.cumsum(0) - weights) / total < p.top_p  # the mass before a token is short of top_p
+                keep = (np.cumsum(weights) - weights) / total < p.top_p  # the mass before a token is short of top_p
                 keep &= (weights >= p.min_p) & (weights > 0)  # min_p against the top token, whose weight is 1
                 return ids[keep], weights[keep] / weights[keep].sum()
         return None
@@ -173,46 +192,44 @@ class Sampler:
         p = self.params
         return 0 < p.top_k < vocabulary or p.top_p < 1 or p.min_p > 0
 
-    def _native(self, logits: torch.Tensor) -> int | None:
-        """A token drawn from (penalized) logits without torch's parallel reductions
-        (kernels/sample.c); None where that path does not apply (no kernels, filters reaching past
-        CANDIDATES)."""
-        if not _native_input(logits):
+    def _native(self, x: np.ndarray) -> int | None:
+        """A token drawn from (penalized) logits in one pass of kernels/sample.c; None where that
+        path does not apply (no kernels, filters reaching past CANDIDATES)."""
+        if not _native_input(x):
             return None
         found = None
-        if self._filters(logits.numel()):
-            found = self.candidates(logits)
+        if self._filters(x.size):
+            found = self.candidates(x)
             if found is None:
                 return None  # the filters reach past the candidates: the whole vocabulary's path
-        u = torch.rand(1, dtype=torch.float64, generator=self.generator)
+        u = self.uniform()
         if found is not None:
             ids, probs = found
-            return int(ids[min(int(torch.searchsorted(probs.cumsum(0), u, right=True)), len(ids) - 1)])
-        lib, n = library(), logits.numel()
-        shift = float(logits[lib.edgellm_argmax(logits.data_ptr(), n)])
-        token = lib.edgellm_draw(logits.data_ptr(), n, 1 / self.params.temperature, shift, float(u))
-        return token if token >= 0 else None  # no token of weight (all masked): torch's path says so
+            return int(ids[min(int(np.searchsorted(np.cumsum(probs), u, side="right")), len(ids) - 1)])
+        lib, n = library(), x.size
+        shift = float(x[lib.edgellm_argmax(x.ctypes.data, n)])
+        token = lib.edgellm_draw(x.ctypes.data, n, 1 / self.params.temperature, shift, u)
+        return token if token >= 0 else None  # no token of weight (all masked): draw() says so
 
-    def _penalized(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
-        logits = logits.float()
+    def _penalized(self, logits, history: list[int]) -> np.ndarray:
+        x = as_logits(logits)
         p = self.params
         if p.repetition_penalty != 1.0 and history:
-            logits = apply_repetition_penalty(logits, torch.tensor(sorted(set(history))), p.repetition_penalty)
-        return logits
+            x = apply_repetition_penalty(x, sorted(set(history)), p.repetition_penalty)
+        return x
 
 
 NATIVE_TOP = 256  # above this many, the heap's k log k pops cost more than a selection (1024: ~0.33 ms)
 
 
-def _top_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _top_logits(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(ids, values) of the k largest of 1-D fp32 logits, largest first: the native heap for a
     few, numpy's introselect and a sort of the k for more; None where the heap got no memory."""
     if k <= NATIVE_TOP:
-        ids, values = torch.empty(k, dtype=torch.int64), torch.empty(k, dtype=torch.float32)
-        if library().edgellm_top_logits(logits.data_ptr(), logits.numel(), k, ids.data_ptr(), values.data_ptr()) < 0:
+        ids, values = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.float32)
+        if library().edgellm_top_logits(x.ctypes.data, x.size, k, ids.ctypes.data, values.ctypes.data) < 0:
             return None
         return ids, values
-    x = logits.numpy()
     picked = np.argpartition(x, x.size - k)[x.size - k:]
     picked = picked[np.argsort(-x[picked], kind="stable")]
-    return torch.from_numpy(picked.astype(np.int64)), torch.from_numpy(x[picked])
+    return picked.astype(np.int64), x[picked]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from edgellm.generate.drafters import Drafter
@@ -161,7 +162,7 @@ def warm_rows(model, kv) -> None:
         seq.release()
 
 
-def choose(generation, logits: torch.Tensor, guess: int, q: torch.Tensor | None) -> int:
+def choose(generation, logits, guess: int, q: np.ndarray | None) -> int:
     """The token plain decoding stands in for at this position, given the guess."""
     sampler = generation.sampler
     logits = generation.masked(logits)
@@ -169,16 +170,16 @@ def choose(generation, logits: torch.Tensor, guess: int, q: torch.Tensor | None)
     if p is None:  # greedy
         return sampler(logits, generation.history)
     q_guess = 1.0 if q is None else float(q[guess])
-    if q_guess > 0 and float(torch.rand((), generator=sampler.generator)) * q_guess < float(p[guess]):
+    if q_guess > 0 and sampler.uniform() * q_guess < float(p[guess]):
         return guess
-    residual = p.clone()
     if q is None:
+        residual = p.copy()
         residual[guess] = 0.0
     else:
-        residual = (residual - q).clamp_(min=0.0)
+        residual = np.maximum(p - q, 0.0)
     if float(residual.sum()) <= 0:  # p == q: nothing left to correct towards
         return sampler.draw(p)
-    return sampler.draw(residual / residual.sum())
+    return sampler.draw(residual)  # draw() normalizes
 
 
 class Speculator:
