@@ -1,10 +1,14 @@
-"""Thread settings: one intra-op thread per physical core unless told otherwise."""
+"""Thread settings: one thread per physical core unless told otherwise. edgellm holds the count
+its kernels share their work with (`current`); PyTorch, where it is loaded, is told the same."""
 from __future__ import annotations
 
+import sys
+
 import psutil
-import torch
 
 from edgellm.errors import InvalidRequest
+
+_configured: int | None = None
 
 
 def default_threads() -> int:
@@ -27,9 +31,17 @@ def free_cores(sample_s: float = 0.3) -> int:
 
 
 def configure_threads(threads: int | None = None) -> int:
+    """Set the threads every kernel call takes from now on (default: one per physical core)."""
+    global _configured
     if threads is not None and threads < 1:
         raise InvalidRequest(f"threads must be >= 1, got {threads}")
-    n = threads or default_threads()
-    if torch.get_num_threads() != n:
+    _configured = n = threads or default_threads()
+    torch = sys.modules.get("torch")  # never imported for this: the core runtime has no torch
+    if torch is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
+
+
+def current() -> int:
+    """The threads a kernel call shares its work with."""
+    return _configured or configure_threads()

@@ -146,7 +146,7 @@ class GrammarForced:
         self.name = "grammar" if then is None else f"grammar+{then.name}"
         self.free_guesses = then is None or then.free_guesses
 
-    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], torch.Tensor | None]:
+    def propose(self, context: Sequence[int], k: int) -> tuple[list[int], np.ndarray | None]:
         forced = self.grammar.forced()[:k]
         if forced or self.then is None:
             return forced, None

@@ -27,7 +27,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from edgellm import kernels
+from edgellm import kernels, threads
 from edgellm.kernels.decode_caches import CacheViews
 from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16
 from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
@@ -179,7 +179,7 @@ class FusedDecoder:
             (_p * (n * m))(*(None if a is None else a[i] for i in range(n) for a in lora))
         with kernels.profiled("edgellm::decode_layers"):
             self.run_layers(self.run_layer, self._layer_addresses, n, _p(x.data_ptr()), m, cos, sin, slots, positions,
-                            _p(self.buf.data_ptr()), _p(self.work.data_ptr()), torch.get_num_threads(), adapted)
+                            _p(self.buf.data_ptr()), _p(self.work.data_ptr()), threads.current(), adapted)
         for layers, _, _ in rows:
             for cache in layers:
                 cache.mark_written(1)
@@ -319,7 +319,7 @@ class _NativeHead:
             n = part.rows.shape[0]
             self.lib.edgellm_block_gemv(self.normed.data_ptr(), m, k, part.rows.data_ptr(), part.type, n,
                                         None if part.scale is None else part.scale.data_ptr(), column,
-                                        self.head.out_features, self.work.data_ptr(), torch.get_num_threads())
+                                        self.head.out_features, self.work.data_ptr(), threads.current())
             column += 4 * n
         return logits
 

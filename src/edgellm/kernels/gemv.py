@@ -8,6 +8,7 @@ import ctypes
 
 import torch
 
+from edgellm import threads
 from edgellm.kernels.build import library, profiled
 
 MAX_ROWS = 8  # activation rows per call (decode steps of up to 8 sequences)
@@ -45,7 +46,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, g
     work = torch.empty(lib.edgellm_int4_gemv_work(m, ka, group), dtype=torch.uint8)
     with profiled("edgellm::int4_gemv"):
         lib.edgellm_int4_gemv(x.data_ptr(), m, ka, packed.data_ptr(), scale_zero.data_ptr(), n, kw, group,
-                              y.data_ptr(), n, work.data_ptr(), torch.get_num_threads())
+                              y.data_ptr(), n, work.data_ptr(), threads.current())
     return y
 
 
@@ -64,7 +65,7 @@ def block_gemv(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, k: int, row_
     with profiled("edgellm::block_gemv"):
         lib.edgellm_block_gemv(x.data_ptr(), m, k, rows.data_ptr(), ggml_type, n,
                                None if row_scale is None else row_scale.data_ptr(), y.data_ptr(), n, work.data_ptr(),
-                               torch.get_num_threads())
+                               threads.current())
     return y
 
 
@@ -87,7 +88,7 @@ def q8_0_as_q8r16(rows: torch.Tensor, k: int, out: torch.Tensor | None = None,
     if n % Q8R16_ROWS or k % 32 or rows.shape[1] != k // 32 * 34:
         raise ValueError(f"Q8R16 takes whole groups of {Q8R16_ROWS} Q8_0 rows, got {tuple(rows.shape)} for K = {k}")
     out = torch.empty_like(rows) if out is None else out
-    lib.edgellm_q8_0_to_q8r16(rows.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
+    lib.edgellm_q8_0_to_q8r16(rows.data_ptr(), n, k, out.data_ptr(), threads.current())
     return out
 
 

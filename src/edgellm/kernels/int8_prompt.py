@@ -11,6 +11,7 @@ import ctypes
 
 import torch
 
+from edgellm import threads
 from edgellm.kernels.build import library, profiled
 from edgellm.kernels.prompt import scratch
 
@@ -44,7 +45,7 @@ class Int8Prompt:
                              f"{tuple(x.shape)}")
         x = x.contiguous()
         self.t, self.k = x.shape
-        self.threads, r = torch.get_num_threads(), min(OUTLIERS, self.k)
+        self.threads, r = threads.current(), min(OUTLIERS, self.k)
         self.act = scratch(self.lib.edgellm_int8_act_bytes(self.t, self.k), torch.uint8, "int8 activations")
         self.at = torch.empty(self.t, r, dtype=torch.int32)  # each token's outliers, as indices into channels
         self.values = torch.empty(self.t, r, dtype=torch.float32)

@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from edgellm import threads
 from edgellm.kernels.build import available, compute_dtype, library, profiled
 from edgellm.kernels.gemv import I8, MAX_ROWS, check_block_type
 
@@ -51,7 +52,7 @@ def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, plan
     wt = scratch((end - start) * ka, dtype).view(ka, end - start)
     with profiled("edgellm::int4_unpack"):
         lib.edgellm_int4_unpack(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes, start, end - start,
-                                wt.data_ptr(), _code(dtype), torch.get_num_threads())
+                                wt.data_ptr(), _code(dtype), threads.current())
     return wt
 
 
@@ -72,7 +73,7 @@ def blocks_to_float(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tenso
         raise ValueError(f"out must be a contiguous ({n}, {k}) tensor")
     with profiled("edgellm::blocks_to_float"):
         lib.edgellm_blocks_to_float(rows.data_ptr(), ggml_type, n, k, None if row_scale is None else row_scale.data_ptr(),
-                                    w.data_ptr(), _code(dtype), torch.get_num_threads())
+                                    w.data_ptr(), _code(dtype), threads.current())
     return w
 
 
@@ -109,15 +110,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, m
     if v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     out = torch.empty(1, t, h, d, dtype=torch.float32)
-    threads = torch.get_num_threads()
+    n_threads = threads.current()
     lib = lib or library()
-    work = torch.empty(lib.edgellm_attention_work(s, hkv, d, threads), dtype=torch.float32)
+    work = torch.empty(lib.edgellm_attention_work(s, hkv, d, n_threads), dtype=torch.float32)
     mask_bytes = None if mask is None else mask.contiguous().view(torch.uint8)  # kept alive for the call
     mask_ptr = None if mask_bytes is None else mask_bytes.data_ptr()
     with profiled("edgellm::attention"):
         lib.edgellm_attention(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), v.data_ptr(), k.stride(1),
                               k.stride(2), t, s, h, hkv, d, scale, softcap or 0.0, mask_ptr, window, out.data_ptr(),
-                              work.data_ptr(), threads)
+                              work.data_ptr(), n_threads)
     return out.transpose(1, 2)
 
 
@@ -139,7 +140,7 @@ def gated_act(gate_up: torch.Tensor, activation: str, lib: ctypes.CDLL | None = 
     out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype)
     with profiled("edgellm::gated_act"):
         (lib or library()).edgellm_gated_act(gate_up.data_ptr(), rows, inter, _ACT_CODES[activation], out.data_ptr(),
-                                             _code(gate_up.dtype), torch.get_num_threads())
+                                             _code(gate_up.dtype), threads.current())
     return out
 
 
@@ -158,7 +159,7 @@ def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: tor
     with profiled("edgellm::norm_rope"):
         (lib or library()).edgellm_norm_rope(x.data_ptr(), t, h, d, x.stride(1),
                                              None if weight is None else weight.data_ptr(), eps, cos.data_ptr(),
-                                             sin.data_ptr(), torch.get_num_threads())
+                                             sin.data_ptr(), threads.current())
     return x
 
 
@@ -179,7 +180,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     out = torch.empty(x.shape, dtype=dtype)
     with profiled("edgellm::rms_norm"):
         (lib or library()).edgellm_rms_norm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
-                                            _code(dtype), torch.get_num_threads())
+                                            _code(dtype), threads.current())
     return out
 
 
@@ -196,5 +197,5 @@ def add_rms_norm(residual: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, 
     with profiled("edgellm::add_rms_norm"):
         (lib or library()).edgellm_add_rms_norm(residual.data_ptr(), y.data_ptr(), residual.numel() // d, d,
                                                 weight.data_ptr(), eps, out.data_ptr(), _code(y.dtype),
-                                                torch.get_num_threads())
+                                                threads.current())
     return out

@@ -8,6 +8,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from edgellm import threads
 from edgellm.kernels.build import library, profiled
 from edgellm.kernels.prompt import scratch
 
@@ -35,14 +36,14 @@ def int16_gemm(x: torch.Tensor, w: torch.Tensor, transposed: bool = False, lib: 
     if not int16_gemm_supports(n, k, lib):
         raise ValueError(f"int16_gemm needs the avx2+vnni kernels, N % {STRIP} == 0 and K % {GROUP} == 0; got ({n}, {k})")
     x = x.contiguous()
-    t, threads = x.shape[0], torch.get_num_threads()
+    t, n_threads = x.shape[0], threads.current()
     panel = scratch(lib.edgellm_int16_gemm_panel_bytes(n, k), torch.uint8, "int16 panel")
     work = scratch(lib.edgellm_int16_gemm_work_bytes(t, k), torch.uint8, "int16 activations")
     out = torch.empty(t, n, dtype=torch.float32)
     row_stride, col_stride = (1, n) if transposed else (k, 1)
     with profiled("edgellm::int16_gemm"):
-        lib.edgellm_int16_gemm_pack(w.data_ptr(), row_stride, col_stride, n, k, panel.data_ptr(), threads)
-        lib.edgellm_int16_gemm(x.data_ptr(), t, k, panel.data_ptr(), n, out.data_ptr(), n, work.data_ptr(), threads)
+        lib.edgellm_int16_gemm_pack(w.data_ptr(), row_stride, col_stride, n, k, panel.data_ptr(), n_threads)
+        lib.edgellm_int16_gemm(x.data_ptr(), t, k, panel.data_ptr(), n, out.data_ptr(), n, work.data_ptr(), n_threads)
     return out
 
 
