@@ -167,3 +167,36 @@ def test_q8r16_gemv_matches_fp64_and_every_variant_computes_the_same_floats(lib,
     assert torch.equal(ours, kernels.block_gemv(x.float(), packed, kernels.Q8R16, 640, lib=scalar))
     for i in range(m):
         assert torch.equal(ours[i], kernels.block_gemv(x[i:i + 1].float(), packed, kernels.Q8R16, 640, lib=lib)[0])
+
+
+REPACK_FORMATS = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q8_0"]
+
+
+@pytest.mark.parametrize("fmt", REPACK_FORMATS)
+def test_the_native_i4r64_repack_writes_the_bytes_of_the_torch_packing(lib, fmt):
+    """int4_repack.c from the file's blocks against Int4Linear.from_affine(integer_affine(...)), byte for
+    byte: one or two planes, a part starting inside a 64-row run (fused q|k|v of 96 + 160 + 64 rows)."""
+    from edgellm.quant.ggml import integer_affine
+    from edgellm.quant.linear import Int4Linear
+
+    k, sizes = 512, (96, 160, 64)
+    parts = [_blocks(fmt, n, k, seed=7 + i)[0] for i, n in enumerate(sizes)]
+    affine = [integer_affine(p.reshape(-1), GGMLType[fmt], (n, k)) for p, n in zip(parts, sizes)]
+    reference = Int4Linear.from_affine(*(torch.cat([a[j] for a in affine]) for j in range(3)), bits=affine[0][3])
+    ours = Int4Linear.empty(sum(sizes), k, planes=reference.planes)
+    row = 0
+    for p, n in zip(parts, sizes):
+        kernels.i4r64_from_blocks(p, GGMLType[fmt], n, k, ours.packed, ours.scale_zero, row, lib=lib)
+        row += n
+    assert torch.equal(ours.packed, reference.packed)
+    assert torch.equal(ours.scale_zero.view(torch.int16), reference.scale_zero.view(torch.int16))
+
+
+def test_the_repack_refuses_types_and_shapes_it_does_not_take(lib):
+    packed, scale_zero = torch.empty(64, 128, dtype=torch.uint8), torch.empty(8, 64, 2, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no I4R64 repack"):
+        kernels.i4r64_from_blocks(_blocks("Q6_K", 64, 256, seed=1)[0], GGMLType.Q6_K, 64, 256, packed, scale_zero,
+                                  lib=lib)
+    with pytest.raises(ValueError, match="no I4R64 repack"):  # rows past the weight's
+        kernels.i4r64_from_blocks(_blocks("Q4_0", 64, 256, seed=1)[0], GGMLType.Q4_0, 64, 256, packed, scale_zero,
+                                  row0=32, lib=lib)

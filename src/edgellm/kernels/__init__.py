@@ -15,8 +15,8 @@ bf16 an int8 GEMM on the 4-bit / Q5_0 codes themselves (int8_prompt.py `Int8Prom
 `norm_rope` a per-head norm and RoPE in place; `rms_norm` / `add_rms_norm` a sublayer's norm with its
 cast or residual add. EDGELLM_KERNELS=0 turns all of it off; EDGELLM_ISA picks a variant."""
 from edgellm.kernels.build import available, compute_dtype, describe, library, library_for, profiled
-from edgellm.kernels.gemv import (MAX_ROWS, Q8R16, Q8R16_ROWS, block_gemv, int4_gemv, q5_0_as_q8_0, q8_0_as_q8r16,
-                                  q8r16_rows, supports)
+from edgellm.kernels.gemv import (MAX_ROWS, Q8R16, Q8R16_ROWS, block_gemv, i4r64_from_blocks, int4_gemv, q5_0_as_q8_0,
+                                  q8_0_as_q8r16, q8r16_rows, supports)
 from edgellm.kernels.isa import Variant, runnable, selected
 from edgellm.kernels.int8_prompt import Int8Prompt, int8_gemm_native, int8_takes_i4r64
 from edgellm.kernels.prompt_gemm import int16_gemm, int16_gemm_native, int16_gemm_supports, prompt_matmul
@@ -26,6 +26,6 @@ from edgellm.kernels.prompt import (SCRATCH_ROWS, add_rms_norm, add_rms_norm_sup
 
 __all__ = ["MAX_ROWS", "Q8R16", "Q8R16_ROWS", "SCRATCH_ROWS", "Variant", "add_rms_norm", "add_rms_norm_supports", "attention",
            "attention_bf16_values", "attention_supports", "available", "block_gemv", "blocks_to_float",
-           "compute_dtype", "describe", "gated_act", "gated_act_supports", "Int8Prompt", "int16_gemm", "int16_gemm_native", "int16_gemm_supports", "int4_gemv", "int8_gemm_native", "int8_takes_i4r64", "int4_unpack", "library", "library_for",
+           "compute_dtype", "describe", "gated_act", "i4r64_from_blocks", "gated_act_supports", "Int8Prompt", "int16_gemm", "int16_gemm_native", "int16_gemm_supports", "int4_gemv", "int8_gemm_native", "int8_takes_i4r64", "int4_unpack", "library", "library_for",
            "norm_rope", "norm_rope_supports", "profiled", "prompt_matmul", "q5_0_as_q8_0", "q8_0_as_q8r16", "q8r16_rows", "rms_norm", "rms_norm_supports", "runnable", "scratch",
            "selected", "supports"]

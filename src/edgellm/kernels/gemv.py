@@ -92,6 +92,19 @@ def q8_0_as_q8r16(rows: torch.Tensor, k: int, out: torch.Tensor | None = None,
     return out
 
 
+def i4r64_from_blocks(blocks: torch.Tensor, ggml_type: int, n: int, k: int, packed: torch.Tensor,
+                      scale_zero: torch.Tensor, row0: int = 0, lib: ctypes.CDLL | None = None) -> None:
+    """Rows row0 .. row0 + n of an I4R64 weight (`packed` (N, planes * K / 2) uint8, `scale_zero`
+    (planes * K / 32, N, 2) bf16; quant/int4_pack.py) from n rows of GGUF blocks of an affine type
+    (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0; int4_repack.c): the bytes Int4Linear.from_affine writes."""
+    lib = lib or library()
+    planes = packed.shape[1] * 2 // k
+    blocks = blocks.contiguous()
+    if lib.edgellm_i4r64_from_blocks(blocks.data_ptr(), ggml_type, n, k, planes, packed.data_ptr(),
+                                     scale_zero.data_ptr(), packed.shape[0], row0, threads.current()) != 0:
+        raise ValueError(f"no I4R64 repack of GGML type {ggml_type} rows ({n}, {k}) into {packed.shape[0]} rows")
+
+
 def q8r16_rows(packed: torch.Tensor, k: int, ids: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """(len(ids), K) fp32: rows `ids` of a whole Q8R16 table (embedding lookups)."""
     lib = lib or library()

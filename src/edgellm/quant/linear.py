@@ -7,7 +7,7 @@ so no cast is spent where the next op takes that dtype anyway.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from torch import nn
 
 from edgellm import kernels
 
-from .ggml import AFFINE_BITS, INT4_GROUP, dequantize, integer_affine, type_name
+from .ggml import AFFINE_BITS, INT4_GROUP, dequantize, type_name
 from .int4_pack import pack_int4, scale_zero_pairs
 
 __all__ = [
@@ -242,41 +242,15 @@ def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
 
 
 def _fused_int4(parts: Sequence[WeightPart]) -> Int4Linear:
-    # Mixed formats are fine: all share the form q * scale + zero; the widest sets the planes.
-    # Rows stream through in chunks, so a 262k-row head never has all its temporaries alive.
+    """The parts' GGUF blocks repacked natively into one I4R64 weight (kernels/int4_repack.c), part
+    after part. Mixed formats are fine: all share the form q * scale + zero; the widest sets the planes."""
     bits = max(AFFINE_BITS[t] for _, t, _ in parts)
     out = Int4Linear.empty(sum(shape[0] for _, _, shape in parts), parts[0][2][1], planes=1 if bits <= 4 else 2)
     row = 0
-    for group in _row_groups(_row_pieces(parts)):
-        row = out.fill_rows(row, Int4Linear.from_affine(*group, bits=bits))
-    return out
-
-
-def _row_pieces(parts: Sequence[WeightPart]) -> Iterator[tuple[torch.Tensor, ...]]:
-    """(q, scale, zero) for consecutive row chunks of the parts, stacked in order."""
     for raw, t, (n, k) in parts:
-        rows = raw.view(n, -1)  # whole blocks per row
-        for start in range(0, n, _PACK_ROWS):
-            chunk = rows[start:start + _PACK_ROWS]
-            yield integer_affine(chunk.reshape(-1), t, (chunk.shape[0], k))[:3]
-
-
-def _row_groups(pieces: Iterator[tuple[torch.Tensor, ...]]) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Join consecutive row pieces into groups of at least _PACK_ROWS rows, a multiple of 64,
-    so packing groups separately equals packing the whole (the layout packs N in 64s)."""
-    current, rows = [], 0
-    for piece in pieces:
-        current.append(piece)
-        rows += piece[0].shape[0]
-        if rows >= _PACK_ROWS and rows % 64 == 0:
-            yield _join(current)
-            current, rows = [], 0
-    if current:
-        yield _join(current)
-
-
-def _join(pieces: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-    return pieces[0] if len(pieces) == 1 else tuple(torch.cat(f) for f in zip(*pieces))
+        kernels.i4r64_from_blocks(raw, t, n, k, out.packed, out.scale_zero, row)
+        row += n
+    return out
 
 
 def _fused_dense(parts: Sequence[WeightPart], dtype: torch.dtype) -> DenseLinear:
