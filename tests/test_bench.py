@@ -115,3 +115,18 @@ def test_bench_speculative_compares_each_prompt_against_plain_decoding(smollm2_p
 
     png = plot_speculative({"model": "m", "gen_tokens": 24, "workloads": {"lookup": result}}, tmp_path / "spec.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_footprint_measures_the_install_the_import_and_a_whole_run(smollm2_path):
+    result = _bench("--footprint", "--model", str(smollm2_path), "--repeat", "1", "--threads", "1", "--no-llama-cpp",
+                    "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    ours = report["engines"]["edgellm"]
+    assert {"edgellm", "numpy", "jinja2"} <= set(ours["by_distribution"])
+    assert "pytest" not in ours["by_distribution"] and "transformers" not in ours["by_distribution"]  # extras' only
+    assert ours["installed_mb"] == pytest.approx(sum(ours["by_distribution"].values()))
+    assert 0 < ours["import_s"] < 60
+    [run] = report["runs"]
+    assert run["model"] == str(smollm2_path) and set(run["engines"]) == {"edgellm"}
+    assert run["engines"]["edgellm"]["wall_s"] > 0 and run["engines"]["edgellm"]["peak_rss_mb"] > 50

@@ -86,7 +86,7 @@ class Engine:
             logits = decode_step(group[0].generation.model, [r.generation for r in group])
         except Exception as error:
             return {r: [error] for r in group}
-        return {r: _accept(r, row) for r, row in zip(group, logits.unbind(0))}  # one op, not one a row
+        return {r: _accept(r, row) for r, row in zip(group, logits)}
 
 
 def _accept(request: RunningRequest, logits) -> list:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from edgellm.chat_template import ChatTemplate
@@ -278,8 +279,7 @@ class Model:
                     if not tokens:
                         raise InvalidRequest("a continuation to score is empty")
                     rows = [last[None]] + ([verify(self.net, seq, tokens[:-1])] if len(tokens) > 1 else [])
-                    logprobs = torch.cat(rows).float().log_softmax(-1)
-                    scores.append(float(logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].sum()))
+                    scores.append(_logprob(np.concatenate(rows), tokens))
                     seq.trim(len(tokens) - 1)
         finally:
             seq.release()
@@ -381,3 +381,11 @@ def last_completion(events: Iterator[GenerationEvent]) -> Completion:
         if isinstance(event, Completion):
             return event
     raise RuntimeError("generation ended without a Completion")  # a bug, not bad input
+
+
+def _logprob(logits: np.ndarray, tokens: list[int]) -> float:
+    """The summed log-probability of tokens[i] under row i's softmax (fp64)."""
+    rows = logits.astype(np.float64)
+    top = rows.max(-1, keepdims=True)
+    log_totals = np.log(np.exp(rows - top).sum(-1)) + top[:, 0]
+    return float((rows[np.arange(len(tokens)), tokens] - log_totals).sum())

@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
@@ -86,11 +87,11 @@ def test_a_gbnf_grammar_and_any_json(smollm2):
 def test_the_mask_allows_only_tokens_that_continue_the_grammar(smollm2):
     tokenizer = smollm2.tokenizer
     state = constrain.GrammarState(constrain.regex(r"[0-9]+"), tokenizer)
-    allowed = state.allowed().nonzero().flatten().tolist()
+    allowed = np.flatnonzero(state.allowed()).tolist()
     assert allowed and all(tokenizer.token_bytes(t).isdigit() for t in allowed)
     assert not set(allowed) & tokenizer.eos_ids  # nothing yet: the output may not end
     state.consume(tokenizer.encode("7", add_special_tokens=False)[0])
-    assert tokenizer.eos_ids <= set(state.allowed().nonzero().flatten().tolist())  # now it may
+    assert tokenizer.eos_ids <= set(np.flatnonzero(state.allowed()).tolist())  # now it may
 
 
 def test_a_cut_output_is_flagged_not_passed_off_as_valid(smollm2):

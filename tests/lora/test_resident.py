@@ -42,7 +42,7 @@ def _greedy(model, generation, steps: int) -> tuple[list[int], list[torch.Tensor
     with torch.inference_mode():
         generation.accept(generation.prefill())
         while not generation.done and len(rows) < steps:
-            rows.append(decode_step(model.net, [generation])[0].clone())
+            rows.append(torch.from_numpy(decode_step(model.net, [generation])[0].copy()))
             generation.accept(rows[-1])
     return list(generation.generated), rows
 

@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--recipes", default="int8,int4-g32,int4-g32+awq,int4-g32-asym,int4-g128,mixed,mixed-small",
                        help="comma-separated recipes for --quant; '+awq' calibrates")
     bench.add_argument("--keep", default=None, metavar="DIR", help="keep --quant's quantized files here")
+    bench.add_argument("--footprint", action="store_true",
+                       help="installed size, import time, and a whole `run` process (wall time, peak RSS) per engine")
     bench.set_defaults(func=cmd_bench)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat/completions, SSE, /metrics)")

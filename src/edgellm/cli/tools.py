@@ -59,6 +59,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         resolve_model(model)
     if args.op_times:
         return _op_times(models[0], args)
+    if args.footprint:
+        from edgellm.bench.footprint import footprint_report, format_footprint
+
+        report = footprint_report(models, (args.threads or [default_threads()])[0], repeat=args.repeat,
+                                  llama_cpp=not args.no_llama_cpp,
+                                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(report, indent=2) if args.json else format_footprint(report))
+        return 0
     if args.speculative:
         from edgellm.bench.speculative import format_speculative, speculative_report
 

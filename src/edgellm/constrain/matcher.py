@@ -11,7 +11,6 @@ from typing import Sequence
 
 import llguidance
 import numpy as np
-import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from edgellm.constrain.spec import Constraint, InvalidConstraint
@@ -83,18 +82,17 @@ class GrammarState:
         self._settle()
         return not self.matcher.is_error() and self.matcher.is_accepting()
 
-    def allowed(self) -> torch.Tensor:
+    def allowed(self) -> np.ndarray:
         """A bool per token id: may it come next."""
         self._settle()
         if self.matcher.is_error():  # cannot happen with masked sampling; end rather than go on unchecked
-            allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+            allowed = np.zeros(self.vocab_size, dtype=np.bool_)
             allowed[self.end_ids] = True
             return allowed
         if not self._filled:
             self._fill()
         self._filled = False
-        allowed = torch.from_numpy(np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size]
-                                   .view(np.bool_))
+        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.vocab_size].view(np.bool_)
         looping = self._loop_continuation()
         if looping is not None and allowed[looping] and int(allowed.sum()) > 1:
             allowed[looping] = False
@@ -109,13 +107,14 @@ class GrammarState:
                 return taken[-period]
         return None
 
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+    def mask(self, logits: np.ndarray) -> np.ndarray:
         """`logits` (1-D) with every token that cannot come next at -inf (a copy)."""
         started = time.perf_counter()
+        logits = np.asarray(logits, dtype=np.float32)
         allowed = self.allowed()
         if logits.shape[-1] != len(allowed):  # rows past the tokenizer (padding) are never allowed
-            allowed = torch.nn.functional.pad(allowed[:logits.shape[-1]], (0, max(0, logits.shape[-1] - len(allowed))))
-        masked = torch.where(allowed, logits, float("-inf"))  # 0.2 ms for 262k logits; masked_fill 0.4
+            allowed = np.pad(allowed[:logits.shape[-1]], (0, max(0, logits.shape[-1] - len(allowed))))
+        masked = np.where(allowed, logits, np.float32(-np.inf))
         self.mask_s += time.perf_counter() - started
         return masked
 

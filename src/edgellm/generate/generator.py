@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator, Protocol, Sequence
 
+import numpy as np
 import torch
 
 from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenEvent
 from edgellm.generate.drafters import Drafter
-from edgellm.generate.sampling import Sampler, SamplingParams
+from edgellm.generate.sampling import Sampler, SamplingParams, as_logits
 from edgellm.generate.speculative import SpeculationCosts, Speculator
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
 from edgellm.kernels.decode import MAX_SEQS
@@ -26,7 +27,7 @@ class CausalLM(Protocol):
     def __call__(self, tokens: torch.Tensor, caches: Sequence, last_only: bool = False) -> torch.Tensor: ...
 
 
-def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> torch.Tensor:
+def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> np.ndarray:
     """Run `ids` through the model into `seq` in pieces of at most `chunk` that end on KV block
     boundaries (at most the decoder's `prompt_tokens` of them: pieces of MAX_SEQS rows of the native
     decode step, where they beat the prompt path: kernels/decode.py native_prompt_tokens); returns the
@@ -43,7 +44,7 @@ def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = P
         piece = list(ids[start:start + size])
         seq.prepare(len(piece))
         if not (native and start + len(piece) < len(ids) and _layers_alone(model, seq, piece)):
-            logits = model(torch.tensor([piece]), seq, last_only=True)[0, -1]
+            logits = as_logits(model(torch.tensor([piece]), seq, last_only=True)[0, -1])
         seq.advance(piece)
         start += len(piece)
     return logits
@@ -94,14 +95,14 @@ class Generation:
         """Prompt tokens still to prefill."""
         return len(self.prompt_ids) - self.prefilled
 
-    def prefill(self) -> torch.Tensor:
+    def prefill(self) -> np.ndarray:
         """The whole (rest of the) prompt; returns its last position's logits."""
         logits = None
         while logits is None:
             logits = self.prefill_step(self.prompt_left)
         return logits
 
-    def prefill_step(self, max_tokens: int) -> torch.Tensor | None:
+    def prefill_step(self, max_tokens: int) -> np.ndarray | None:
         """Prefill up to max_tokens more prompt tokens (an engine interleaves these chunks with
         other sequences' decode steps); returns the last position's logits once the prompt is in."""
         piece = self.next_prompt_piece(max_tokens)
@@ -111,7 +112,7 @@ class Generation:
     def next_prompt_piece(self, max_tokens: int) -> list[int]:
         return self.prompt_ids[self.prefilled:self.prefilled + min(max_tokens, self.prompt_left)]
 
-    def prompt_advanced(self, n: int, logits: torch.Tensor | None) -> torch.Tensor | None:
+    def prompt_advanced(self, n: int, logits: np.ndarray | None) -> np.ndarray | None:
         """n more prompt tokens are in the KV (`logits` of the last); the logits once all are."""
         self.prefilled += n
         if self.prompt_left:
@@ -119,13 +120,13 @@ class Generation:
         self.prefill_done = self.first_token_at = time.perf_counter()
         return logits
 
-    def accept(self, logits: torch.Tensor) -> list[GenerationEvent]:
+    def accept(self, logits: np.ndarray) -> list[GenerationEvent]:
         """Sample from one position's logits; returns the events this step releases."""
         if len(self.generated) >= self.budget:
             return [self.finish("length", None)]
         return self.emit(self.sampler(self.masked(logits), self.history))
 
-    def masked(self, logits: torch.Tensor) -> torch.Tensor:
+    def masked(self, logits: np.ndarray) -> np.ndarray:
         """A position's logits with what the grammar forbids next at -inf (unconstrained: as is)."""
         return logits if self.grammar is None else self.grammar.mask(logits)
 
@@ -215,7 +216,7 @@ class Generation:
             return_freed_heap()
 
 
-def decode_step(model: CausalLM, generations: list[Generation]) -> torch.Tensor:
+def decode_step(model: CausalLM, generations: list[Generation]) -> np.ndarray:
     """One decode step for several sequences at once: their linears run as one batch (the native
     decoder's one call where it takes them, handed plain ints: no token tensor to build and take
     apart). Returns (len(generations), V) logits."""
@@ -228,14 +229,14 @@ def decode_step(model: CausalLM, generations: list[Generation]) -> torch.Tensor:
     if logits is None:
         tokens = torch.tensor([[g.next_token] for g in generations])
         caches = generations[0].seq if len(generations) == 1 else BatchKV([g.seq for g in generations])
-        logits = model(tokens, caches, last_only=True)[:, -1]
+        logits = as_logits(model(tokens, caches, last_only=True)[:, -1])
     for g in generations:
         g.seq.advance([g.next_token])
     return logits
 
 
 def decode_with_prompt_chunks(model: CausalLM, generations: list[Generation],
-                              newcomers: list[tuple[Generation, int]]) -> tuple[torch.Tensor, list] | None:
+                              newcomers: list[tuple[Generation, int]]) -> tuple[np.ndarray, list] | None:
     """The decode step of `generations` and the next n prompt tokens of each (newcomer, n) in one
     native call per layer (the model's decoder; at most MAX_SEQS rows in all): prompts advance
     while running streams lose only a slightly wider step. Returns their logits

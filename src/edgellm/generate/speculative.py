@@ -23,6 +23,7 @@ import torch
 
 from edgellm.generate.drafters import Drafter
 from edgellm.generate.events import GenerationEvent
+from edgellm.generate.sampling import as_logits
 
 MAX_DRAFT = 7  # + the token before them: kernels/decode.py's MAX_SEQS rows in one native call
 JUDGE_AFTER = 3  # checked passes before speculation may be paused
@@ -126,13 +127,13 @@ def _mean(old: float | None, new: float) -> float:
     return new if old is None else 0.8 * old + 0.2 * new
 
 
-def verify(model, seq, tokens: list[int]) -> torch.Tensor:
+def verify(model, seq, tokens: list[int]) -> np.ndarray:
     """Run `tokens` (the next token and the guesses after it) through the target into `seq`,
     keeping what they overwrite for a trim; returns every position's logits (len(tokens), V)."""
     return run_rows(model, seq, tokens, every_row=True, undoable=True)
 
 
-def run_rows(model, seq, tokens: list[int], every_row: bool = False, undoable: bool = False) -> torch.Tensor:
+def run_rows(model, seq, tokens: list[int], every_row: bool = False, undoable: bool = False) -> np.ndarray:
     """A few tokens (at most MAX_DRAFT + 1) into `seq` as rows of one native call where the model
     has one; logits of every row (every_row) or of the last (1, V)."""
     seq.prepare(len(tokens))
@@ -141,7 +142,7 @@ def run_rows(model, seq, tokens: list[int], every_row: bool = False, undoable: b
     decoder = getattr(model, "decoder", None)
     logits = None if decoder is None else decoder.step_rows([(seq.layers, tokens)], every_row, [seq.adapter])
     if logits is None:
-        logits = model(torch.tensor([tokens]), seq, last_only=not every_row)[0]
+        logits = as_logits(model(torch.tensor([tokens]), seq, last_only=not every_row)[0])
     seq.advance(tokens)
     return logits
 

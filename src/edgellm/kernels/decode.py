@@ -25,6 +25,7 @@ import logging
 import weakref
 from typing import Protocol, Sequence
 
+import numpy as np
 import torch
 
 from edgellm import kernels, threads
@@ -98,10 +99,9 @@ class FusedDecoder:
         self.run_layers = self.lib.edgellm_decoder_layers
         self.run_layers.restype = None
         self._layer_addresses = (_p * len(self.layers))(*(ctypes.addressof(desc) for desc in self.layers))
-        self.buf = torch.empty(self.lib.edgellm_layer_floats(ctypes.byref(self.layers[0].dims), MAX_SEQS),
-                               dtype=torch.float32)
+        self.buf = np.empty(self.lib.edgellm_layer_floats(ctypes.byref(self.layers[0].dims), MAX_SEQS), dtype=np.float32)
         widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
-        self.work = torch.empty(self.lib.edgellm_block_gemv_work(MAX_SEQS, widest), dtype=torch.uint8)
+        self.work = np.empty(self.lib.edgellm_block_gemv_work(MAX_SEQS, widest), dtype=np.uint8)
         self.max_len = max_len
         self.caches = CacheViews(max_len)  # each sequence's KVSlots for the C layers
         # per adapter: the address of its LoraLayer for each layer (None: the C layers cannot take it)
@@ -150,10 +150,11 @@ class FusedDecoder:
         logits = self.step_rows(work, every_row=not last_only, adapters=adapters)
         if logits is None:
             return None
+        logits = torch.from_numpy(logits)  # the PyTorch layers' caller (the model's forward) takes tensors
         return logits.unsqueeze(0) if tokens.shape[1] > 1 and not last_only else logits.unsqueeze(1)
 
     def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False,
-                  adapters: Sequence | None = None, wanted: Sequence[bool] | None = None) -> torch.Tensor | None:
+                  adapters: Sequence | None = None, wanted: Sequence[bool] | None = None) -> np.ndarray | None:
         """One native call for several sequences' next tokens through every layer: (a sequence's per-layer
         caches, its tokens), one token for a decode step or a few for a prompt chunk or a
         speculative check (rows of one sequence are written and attended in order, so each sees
@@ -178,41 +179,41 @@ class FusedDecoder:
         adapted = None if lora is None else \
             (_p * (n * m))(*(None if a is None else a[i] for i in range(n) for a in lora))
         with kernels.profiled("edgellm::decode_layers"):
-            self.run_layers(self.run_layer, self._layer_addresses, n, _p(x.data_ptr()), m, cos, sin, slots, positions,
-                            _p(self.buf.data_ptr()), _p(self.work.data_ptr()), threads.current(), adapted)
+            self.run_layers(self.run_layer, self._layer_addresses, n, _p(x.ctypes.data), m, cos, sin, slots, positions,
+                            _p(self.buf.ctypes.data), _p(self.work.ctypes.data), threads.current(), adapted)
         for layers, _, _ in rows:
             for cache in layers:
                 cache.mark_written(1)
         if not every_row:  # only the last row of each entry wanted goes through the head
             last = [row for row, want in zip(_last_rows(work), wanted or [True] * len(work)) if want]
             if not last:
-                return x.new_empty(0, self.net.config.vocab_size)
+                return np.empty((0, self.net.config.vocab_size), dtype=np.float32)
             if len(last) < m:
-                x = x[torch.tensor(last)]
+                x = x[last]
         if self._head is not None:
             with kernels.profiled("edgellm::head"):
                 return self._head(x)
-        return self.net.head(x.view(x.shape[0], 1, -1))[:, 0]
+        return self.net.head(torch.from_numpy(x).view(x.shape[0], 1, -1))[:, 0].float().numpy()
 
-    def _embed(self, tokens: list[int]) -> torch.Tensor:
+    def _embed(self, tokens: list[int]) -> np.ndarray:
         """The rows' embeddings (m, hidden) fp32, scaled: GGUF rows dequantized in C, straight from
         the table (the eager dequantization took ~0.1 ms a step), a Q8R16 table's by one call."""
         table = self.net.embed
         if isinstance(table, BlockEmbedding) and table.ggml_type in BLOCK_TYPES and table.ggml_type not in (I8, Q8R16) \
                 and all(0 <= t < table.num_embeddings for t in tokens):  # else the table's own IndexError
-            x = torch.empty(len(tokens), table.dim)
-            row_bytes, base, out = table.rows.stride(0), table.rows.data_ptr(), x.data_ptr()
+            x = np.empty((len(tokens), table.dim), dtype=np.float32)
+            row_bytes, base, out = table.rows.stride(0), table.rows.data_ptr(), x.ctypes.data
             for i, t in enumerate(tokens):
                 self.lib.edgellm_blocks_to_float(base + t * row_bytes, table.ggml_type, 1, table.dim, None,
                                                  out + 4 * i * table.dim, _FP32, 1)
         elif isinstance(table, BlockEmbedding) and table.ggml_type == Q8R16 \
                 and all(0 <= t < table.num_embeddings for t in tokens):
-            x = torch.empty(len(tokens), table.dim)
+            x = np.empty((len(tokens), table.dim), dtype=np.float32)
             self.lib.edgellm_q8r16_rows(table.rows.data_ptr(), table.dim, (_i64 * len(tokens))(*tokens), len(tokens),
-                                        x.data_ptr())
+                                        x.ctypes.data)
         else:
-            x = table(torch.tensor([tokens])).reshape(len(tokens), -1).float().contiguous()
-        return x if self.net.embed_scale == 1.0 else x * self.net.embed_scale
+            x = np.ascontiguousarray(table(torch.tensor([tokens])).reshape(len(tokens), -1).float().numpy())
+        return x if self.net.embed_scale == 1.0 else x * np.float32(self.net.embed_scale)
 
     def _lora_rows(self, work, adapters: Sequence | None) -> list | None | bool:
         """Per row, its adapter's per-layer LoraLayer addresses (None: the base alone); None when
@@ -241,15 +242,15 @@ class FusedDecoder:
         layer_table, d = chunks[0].layer_table, chunks[0].head_dim
         if len(positions) == 1:
             row = (positions[0] % _ROPE_CHUNK) * d * 4
-            per_table = [(c.data_ptr() + row, s.data_ptr() + row) for c, s in chunks[0].tables]
+            per_table = [(c.ctypes.data + row, s.ctypes.data + row) for c, s in chunks[0].tables]
         else:
             while len(self._rope_rows) < len(chunks[0].tables):
-                self._rope_rows.append(tuple(torch.empty(MAX_SEQS, d).numpy() for _ in range(2)))
+                self._rope_rows.append(tuple(np.empty((MAX_SEQS, d), dtype=np.float32) for _ in range(2)))
             per_table = []
             for u, buffers in enumerate(self._rope_rows[:len(chunks[0].tables)]):
                 for half, rows in enumerate(buffers):
                     for i, (chunk, p) in enumerate(zip(chunks, positions)):
-                        rows[i] = chunk.arrays[u][half][p % _ROPE_CHUNK]
+                        rows[i] = chunk.tables[u][half][p % _ROPE_CHUNK]
                 per_table.append([rows.ctypes.data for rows in buffers])
         cos = (_p * len(layer_table))(*(per_table[u][0] for u in layer_table))
         sin = (_p * len(layer_table))(*(per_table[u][1] for u in layer_table))
@@ -270,19 +271,19 @@ _ROPE_CHUNKS_KEPT = 16  # tables kept: up to MAX_SEQS sequences, each near a chu
 
 
 class _RopeChunk:
-    """cos and sin (_ROPE_CHUNK, D) of a run of positions, once per distinct table of the model
+    """cos and sin (_ROPE_CHUNK, D) fp32 of a run of positions, once per distinct table of the model
     (Gemma: local and global), and which table each layer uses."""
 
-    def __init__(self, per_layer: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, per_layer: list[tuple]):
         index: dict[int, int] = {}
-        self.tables: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.tables: list[tuple[np.ndarray, np.ndarray]] = []
         for pair in per_layer:
             if id(pair) not in index:
                 index[id(pair)] = len(self.tables)
-                self.tables.append(tuple(t.reshape(_ROPE_CHUNK, -1).contiguous() for t in pair))
+                self.tables.append(tuple(np.ascontiguousarray(np.asarray(t, dtype=np.float32).reshape(_ROPE_CHUNK, -1))
+                                         for t in pair))
         self.layer_table = [index[id(pair)] for pair in per_layer]
         self.head_dim = self.tables[0][0].shape[1]
-        self.arrays = [tuple(t.numpy() for t in pair) for pair in self.tables]  # the same memory, for numpy's row copies
 
 
 class _NativeHead:
@@ -294,8 +295,8 @@ class _NativeHead:
 
     def __init__(self, norm, head: BlockLinear, lib):
         self.norm, self.head, self.lib = norm, head, lib
-        self.normed = torch.empty(MAX_SEQS, head.in_features)
-        self.work = torch.empty(lib.edgellm_block_gemv_work(MAX_SEQS, head.in_features), dtype=torch.uint8)
+        self.normed = np.empty((MAX_SEQS, head.in_features), dtype=np.float32)
+        self.work = np.empty(lib.edgellm_block_gemv_work(MAX_SEQS, head.in_features), dtype=np.uint8)
 
     @classmethod
     def of(cls, net: NativeModel, lib) -> _NativeHead | None:
@@ -308,18 +309,18 @@ class _NativeHead:
             and norm.weight.shape == (head.in_features,)
         return cls(norm, head, lib) if fits else None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: np.ndarray) -> np.ndarray:
         m, k = x.shape
-        x = x.contiguous()
-        self.lib.edgellm_rms_norm(x.data_ptr(), m, k, self.norm.weight.data_ptr(), self.norm.eps,
-                                  self.normed.data_ptr(), _FP32, 1)
-        logits = torch.empty(m, self.head.out_features)
-        column = logits.data_ptr()
+        x = np.ascontiguousarray(x)
+        self.lib.edgellm_rms_norm(x.ctypes.data, m, k, self.norm.weight.data_ptr(), self.norm.eps,
+                                  self.normed.ctypes.data, _FP32, 1)
+        logits = np.empty((m, self.head.out_features), dtype=np.float32)
+        column = logits.ctypes.data
         for part in self.head.parts:
             n = part.rows.shape[0]
-            self.lib.edgellm_block_gemv(self.normed.data_ptr(), m, k, part.rows.data_ptr(), part.type, n,
+            self.lib.edgellm_block_gemv(self.normed.ctypes.data, m, k, part.rows.data_ptr(), part.type, n,
                                         None if part.scale is None else part.scale.data_ptr(), column,
-                                        self.head.out_features, self.work.data_ptr(), threads.current())
+                                        self.head.out_features, self.work.ctypes.data, threads.current())
             column += 4 * n
         return logits
 
