@@ -123,7 +123,7 @@ def _next_logits(model, ids: list[int]) -> tuple[torch.Tensor, int]:
     seq, reused = model.kv.new_sequence(ids)
     try:
         with torch.inference_mode():
-            logits = prefill(model.net, seq, ids[reused:], prefill_chunk(model.kv))
+            logits = torch.from_numpy(prefill(model.net, seq, ids[reused:], prefill_chunk(model.kv)))
     finally:
         seq.release()
     return logits.reshape(-1, logits.shape[-1])[-1], reused
