@@ -52,6 +52,9 @@ CPUS = {
 }
 TUNING = {"-mavx512vbmi": "vbmi", "-DEDGELLM_HALF_RATE_BF16_DOT": "half-rate"}  # a file name's words for them
 COMPILERS = {"x86_64": ("cc", "gcc"), "aarch64": ("aarch64-linux-gnu-gcc",)}
+# Prepended to every build's flags: the scalar library must not take the build host's default -march
+# (x86-64-v2 on some distributions); a variant's own -march comes later and wins.
+BASELINE = {"x86_64": ["-march=x86-64", "-mtune=generic"], "aarch64": ["-march=armv8-a"]}
 
 
 def flag_sets(machine: str) -> dict[str, str]:
@@ -85,7 +88,8 @@ def compile_prebuilt(machine: str, folder: Path, wanted: Callable[[str], bool] =
     for flags, names in libraries.items():
         for kind, name in names.items():
             print(f"  {machine}: {name} ({flags})", file=sys.stderr)
-            build.build(build._sources(), flags.split(), folder / name, cc=cc, openmp=kind == "openmp")
+            build.build(build._sources(), BASELINE[machine] + flags.split(), folder / name, cc=cc,
+                        openmp=kind == "openmp")
     manifest = {"sources": build.sources_digest(), "machine": machine, "libraries": libraries}
     (folder / build.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return [folder / name for names in libraries.values() for name in names.values()] + [folder / build.MANIFEST]

@@ -2,6 +2,7 @@
 its kernels share their work with (`current`); PyTorch, where it is loaded, is told the same."""
 from __future__ import annotations
 
+import os
 import sys
 
 import psutil
@@ -9,6 +10,7 @@ import psutil
 from edgellm.errors import InvalidRequest
 
 _configured: int | None = None
+_default: int | None = None  # default_threads(), once (psutil reads /sys)
 
 
 def default_threads() -> int:
@@ -31,17 +33,25 @@ def free_cores(sample_s: float = 0.3) -> int:
 
 
 def configure_threads(threads: int | None = None) -> int:
-    """Set the threads every kernel call takes from now on (default: one per physical core)."""
+    """Set the threads every kernel call takes from now on (default: one per physical core), and
+    PyTorch's: at once where it is loaded, else through OMP_NUM_THREADS, which it reads when imported."""
     global _configured
     if threads is not None and threads < 1:
         raise InvalidRequest(f"threads must be >= 1, got {threads}")
     _configured = n = threads or default_threads()
     torch = sys.modules.get("torch")  # never imported for this: the core runtime has no torch
-    if torch is not None and torch.get_num_threads() != n:
+    if torch is None:
+        os.environ["OMP_NUM_THREADS"] = str(n)
+    elif torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
 
 
 def current() -> int:
-    """The threads a kernel call shares its work with."""
-    return _configured or configure_threads()
+    """The threads a kernel call shares its work with: as configured, else one per physical core."""
+    global _default
+    if _configured:
+        return _configured
+    if _default is None:
+        _default = default_threads()
+    return _default

@@ -200,3 +200,9 @@ def test_the_repack_refuses_types_and_shapes_it_does_not_take(lib):
     with pytest.raises(ValueError, match="no I4R64 repack"):  # rows past the weight's
         kernels.i4r64_from_blocks(_blocks("Q4_0", 64, 256, seed=1)[0], GGMLType.Q4_0, 64, 256, packed, scale_zero,
                                   row0=32, lib=lib)
+    with pytest.raises(ValueError, match="no I4R64 repack"):  # 8-bit codes need two planes
+        kernels.i4r64_from_blocks(_blocks("Q8_0", 64, 256, seed=1)[0], GGMLType.Q8_0, 64, 256, packed, scale_zero,
+                                  lib=lib)
+    with pytest.raises(ValueError, match="no I4R64 repack"):  # fewer bytes than the rows' blocks
+        kernels.i4r64_from_blocks(_blocks("Q4_0", 64, 256, seed=1)[0][:32], GGMLType.Q4_0, 64, 256, packed,
+                                  scale_zero, lib=lib)

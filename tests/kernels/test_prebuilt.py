@@ -91,3 +91,11 @@ def test_with_neither_the_fallback_line_says_what_to_install(wheel_folder, monke
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "native kernels unavailable" in err[0]
     assert f"edgellm's wheel for {isa.machine()}" in err[0] and "C compiler" in err[0]
+
+
+def test_a_carried_library_that_does_not_load_is_named_in_the_error(wheel_folder):
+    """Libraries a system cannot load (too old a glibc, no libgomp for either build) and no compiler:
+    the error says that they do not load, and why, rather than that there are none."""
+    (wheel_folder / "edgellm_00_selected.so").write_bytes(b"\x7fELF not a library")
+    with pytest.raises(BuildError, match="kernels do not load .*no C compiler"):
+        build.library_for.__wrapped__(isa.selected())

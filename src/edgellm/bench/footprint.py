@@ -12,7 +12,9 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import importlib.util
 from importlib import metadata
 
 from edgellm.bench.runner import llama_cpp_available
@@ -66,9 +68,22 @@ def installed_sizes(root: str) -> dict[str, float]:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue  # required but absent: nothing installed to count
-        sizes[name] = sum(_file_bytes(dist, f) for f in dist.files or []) / 1e6
+        sizes[name] = (sum(_file_bytes(dist, f) for f in dist.files or []) + _editable_bytes(dist)) / 1e6
         todo += _requirement_names(dist)
     return sizes
+
+
+def _editable_bytes(dist: metadata.Distribution) -> int:
+    """An editable install lists only its .pth file: the size of its package folder instead."""
+    files = [str(f) for f in dist.files or []]
+    if not any(f.startswith("__editable__") and f.endswith(".pth") for f in files) \
+            or any(f.endswith(".py") for f in files):
+        return 0
+    spec = importlib.util.find_spec(_normalized(dist.metadata["Name"]).replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        return 0
+    return sum(os.path.getsize(os.path.join(folder, name)) for root in spec.submodule_search_locations
+               for folder, _, names in os.walk(root) if "__pycache__" not in folder for name in names)
 
 
 def _file_bytes(dist: metadata.Distribution, file) -> int:
@@ -93,14 +108,15 @@ def _python(args: list[str]) -> str:
 
 def whole_process(command: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS MB) of one process run to its end."""
-    start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{command[:3]} failed: {child.stderr.read().decode()[-500:]}")
-    child.stderr.close()
+    with tempfile.TemporaryFile() as errors:  # not a pipe: a chatty child would fill it and wait
+        start = time.perf_counter()
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            errors.seek(0)
+            raise RuntimeError(f"{command[:3]} failed: {errors.read().decode(errors='replace')[-500:]}")
     return wall, usage.ru_maxrss / 1024  # KB on Linux
 
 

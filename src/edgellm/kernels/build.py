@@ -41,6 +41,7 @@ MANIFEST = "manifest.json"  # in it: the sources' digest, the machine, and each 
 # Each flag set is carried twice: on the system's OpenMP (libgomp; the prompt kernels' teams hand over
 # to PyTorch's GEMM threads for free), and on edgellm's pool alone, for a system without libgomp.
 PREBUILT_KINDS = ("openmp", "pool")
+WHEEL_MACHINES = ("x86_64", "aarch64")  # those tools/wheels.py makes platform wheels for
 
 _p, _i, _i64, _f32, _f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
 # exported function -> (return type, argument types); layer functions are typed in decode.py
@@ -205,18 +206,20 @@ def prebuilt_paths(variant: Variant) -> list[Path]:
 @lru_cache(maxsize=None)
 def library_for(variant: Variant) -> ctypes.CDLL:
     """The library of one variant: the wheel's, else compiled here on first use; raises BuildError."""
+    unloadable = None
     for prebuilt in prebuilt_paths(variant):
         try:
             return load(prebuilt)
-        except OSError:  # its OpenMP runtime is missing here: the next one has none
-            continue
+        except OSError as error:  # its OpenMP runtime is missing here: the next one has none
+            unloadable = error
     target = library_path(variant)
     if target.is_file():
         _mark_used(target)
     else:
         if compiler() is None:
-            raise BuildError(f"this install carries no compiled {variant.label} kernels and no C compiler "
-                             f"(cc, gcc or clang) is on PATH")
+            carried = f"its compiled {variant.label} kernels do not load ({unloadable})" if unloadable \
+                else f"this install carries no compiled {variant.label} kernels"
+            raise BuildError(f"{carried} and no C compiler (cc, gcc or clang) is on PATH")
         # ~10 s a user would otherwise spend wondering (once per machine and version)
         sys.stderr.write(f"edgellm: compiling the {variant.label} kernels for this CPU (once, ~10 s)\n")
         build(_sources(), _flags(variant), target)
@@ -256,9 +259,10 @@ def library() -> ctypes.CDLL | None:
     try:
         return library_for(selected())
     except (OSError, subprocess.SubprocessError) as e:
+        wheel = f"edgellm's wheel for {machine()} (`pip install --force-reinstall --no-deps edgellm`) or " \
+            if machine() in WHEEL_MACHINES else ""
         sys.stderr.write(f"edgellm: native kernels unavailable ({e}); running the slow PyTorch path. For the fast "
-                         f"one, install edgellm's wheel for {machine()} (`pip install --force-reinstall edgellm`) "
-                         "or a C compiler (e.g. `apt install gcc`).\n")
+                         f"one, install {wheel}a C compiler (e.g. `apt install gcc`).\n")
         return None
 
 

@@ -17,6 +17,8 @@ Q8R16 = 100  # edgellm's Q8_0 rows interleaved by 16 (q8r16.c); beside the ggml 
 Q8R16_ROWS = 16
 # ggml Q5_0, Q8_0, Q5_K, Q6_K, I8 (edgellm's INT8 rows) and Q8R16: what block_gemv.c reads
 BLOCK_TYPES = (6, 8, 13, 14, I8, Q8R16)
+# ggml Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K -> (weights, bytes) a block: what int4_repack.c reads
+REPACK_BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144)}
 
 
 def check_block_type(ggml_type: int) -> None:
@@ -100,6 +102,11 @@ def i4r64_from_blocks(blocks: torch.Tensor, ggml_type: int, n: int, k: int, pack
     lib = lib or library()
     planes = packed.shape[1] * 2 // k
     blocks = blocks.contiguous()
+    elements, block_bytes = REPACK_BLOCKS.get(ggml_type, (1, 0))
+    if blocks.dtype != torch.uint8 or blocks.numel() != n * (k // elements) * block_bytes \
+            or packed.dtype != torch.uint8 or scale_zero.shape != (planes * k // 32, packed.shape[0], 2):
+        raise ValueError(f"no I4R64 repack of {tuple(blocks.shape)} {blocks.dtype} as GGML type {ggml_type} rows "
+                         f"({n}, {k}) into {tuple(packed.shape)} and {tuple(scale_zero.shape)}")
     if lib.edgellm_i4r64_from_blocks(blocks.data_ptr(), ggml_type, n, k, planes, packed.data_ptr(),
                                      scale_zero.data_ptr(), packed.shape[0], row0, threads.current()) != 0:
         raise ValueError(f"no I4R64 repack of GGML type {ggml_type} rows ({n}, {k}) into {packed.shape[0]} rows")

@@ -147,7 +147,9 @@ int edgellm_i4r64_from_blocks(const uint8_t *blocks, int type, int64_t n, int64_
         case T_Q4_K: block_bytes = 144 / 8; break; /* per 32 weights */
         default: return -1;
     }
-    if (k % (type == T_Q4_K ? 256 : 32) || n_total % I4_ROWS || row0 + n > n_total || planes < 1 || planes > 2)
+    int wide = type == T_Q5_0 || type == T_Q5_1 || type == T_Q8_0; /* more than 4 bits: two planes */
+    if (k <= 0 || k % (type == T_Q4_K ? 256 : 32) || n_total % I4_ROWS || row0 < 0 || n < 0 || row0 + n > n_total ||
+        planes < 1 + wide || planes > 2)
         return -1;
     Repack a = {blocks, type, planes, n, k, k / 32 * block_bytes, n_total, row0, packed, scale_zero};
     /* runs of 64 global rows that lie wholly inside the part go to the threads; partial runs at
