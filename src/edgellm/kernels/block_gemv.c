@@ -84,17 +84,6 @@ static inline w32 q5_k_sub(const uint8_t *block, int s) {
     return w32_or(w32_nibble_plane(block + 48 + 32 * (s / 2), s & 1), w32_bits_at4(block + 16, s, 1));
 }
 
-/* The 6-bit scale and min of sub-block s (Q4_K / Q5_K's 12-byte packing). */
-static inline void k_scale_min(const uint8_t *q, int s, int *sc, int *mn) {
-    if (s < 4) {
-        *sc = q[s] & 63;
-        *mn = q[s + 4] & 63;
-    } else {
-        *sc = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
-        *mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-    }
-}
-
 /* One Q5_K / Q6_K super-block as 8 chunks of 32 weights: chunk c is q[c] * s0[c] (first 16) or
    * s1[c] (last 16), minus off[c]. */
 typedef struct {

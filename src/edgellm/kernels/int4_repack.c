@@ -8,8 +8,8 @@
    (hi, 16 scale, 128 scale) then (lo, scale, 8 scale + zero). Scale and zero pairs round to bf16
    (nearest even). The products and sums are single roundings in this order (no fused multiply-add:
    fp-contract off), as PyTorch's elementwise float32 ops compute them. */
+#include "intdot.h"
 #include "pool.h"
-#include "simd.h"
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12 };
 #define I4_ROWS 64
@@ -22,9 +22,7 @@ static void affine_group(const uint8_t *row, int type, int64_t g, uint8_t *q, fl
     if (type == T_Q4_K) {
         const uint8_t *b = row + (g / 8) * 144, *qs = b + 16 + 32 * ((g % 8) / 2);
         int s = (int)(g % 8), sc, mn, high = s & 1;
-        const uint8_t *packed = b + 4;
-        if (s < 4) sc = packed[s] & 63, mn = packed[s + 4] & 63;
-        else sc = (packed[s + 4] & 0xF) | ((packed[s - 4] >> 6) << 4), mn = (packed[s + 4] >> 4) | ((packed[s] >> 6) << 4);
+        k_scale_min(b + 4, s, &sc, &mn);
         for (int i = 0; i < 32; i++) q[i] = high ? qs[i] >> 4 : qs[i] & 0xF;
         *scale = half_at(b) * (float)sc;
         *zero = -(half_at(b + 2) * (float)mn);

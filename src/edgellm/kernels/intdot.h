@@ -312,4 +312,17 @@ static inline vf fma_dot_wide(vf acc, wide32 w, const Act *a, int64_t k, float s
     return acc + s0 * (float)d0 + s1 * (float)d1;
 #endif
 }
+
+/* The 6-bit scale and min of sub-block s (Q4_K / Q5_K's 12-byte packing at q), for
+   block_gemv.c and int4_repack.c. */
+static inline void k_scale_min(const uint8_t *q, int s, int *sc, int *mn) {
+    if (s < 4) {
+        *sc = q[s] & 63;
+        *mn = q[s + 4] & 63;
+    } else {
+        *sc = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+        *mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+    }
+}
+
 #endif
