@@ -108,7 +108,7 @@ def _settle() -> None:
     """Collect what a pause made: the first time in a process fully, later young generations only.
     The first pause ends with torch's ~170k objects waiting for a full collection, which, left to
     itself, walks them inside some later request (~90 ms in the second 500-token prefill after a
-    SmolLM2 load, stop 45). Later loads add 6-16k objects, not a full collection's worth; a full one
+    SmolLM2 load on a Zen 5). Later loads add 6-16k objects, not a full collection's worth; a full one
     at each would walk everything again per load in a long-lived process (a test run, hot swaps)."""
     global _settled_fully
     if gc.get_count()[0] <= gc.get_threshold()[0]:  # too few to start even a young pass

@@ -30,7 +30,7 @@
 /* Query rows per pass of the score and value loops, whose accumulators (2 vectors a row) must stay
    in registers: AVX2 has 16 (2 x 6 + the loads), the others 32. Each pass is compiled for its
    constant row count (FOR_ROWS): with a count known only at run time the accumulators lived on the
-   stack and attention ran 1.5-2x slower (stop 33). */
+   stack and attention ran 1.5-2x slower. */
 #if EDGELLM_AVX2
 #define PASS_ROWS 6
 #else

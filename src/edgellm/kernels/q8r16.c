@@ -9,7 +9,7 @@
    across lanes and scaled on its own (five or six instructions for 32 multiply-adds, per activation
    row); here a lane is a row, a k-pair of 16 rows is one widening and one vpdpwssd per activation
    row, and the sixteen rows' scales apply to a whole vector per block. The tied 262k x 640 head of
-   Gemma 3 with 4 activation rows: 15.7 -> 9.7 ms (AVX-512, this VM), SmolLM2's 49k x 576 head
+   Gemma 3 with 4 activation rows: 15.7 -> 9.7 ms (AVX-512, 2 vCPUs), SmolLM2's 49k x 576 head
    0.78 -> 0.54 ms at 1 row and 2.43 -> 0.66 ms at 4.
 
    Products: per block, exact int32 sums of q * qx (int16 activations, intdot.h), then one fma
