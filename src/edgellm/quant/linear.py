@@ -117,20 +117,13 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def empty(cls, n: int, k: int, planes: int, group: int = INT4_GROUP) -> Int4Linear:
-        """An (n, k) layer with uninitialized weights, to be filled row block by row block."""
+        """An (n, k) layer with uninitialized weights, to be filled (kernels.i4r64_from_blocks)."""
         out = cls.__new__(cls)
         nn.Module.__init__(out)
         out.planes, out.group, out.in_features, out.out_features = planes, group, k, n
         out.register_buffer("packed", torch.empty(n, planes * k // 2, dtype=torch.uint8))
         out.register_buffer("scale_zero", torch.empty(planes * k // group, n, 2, dtype=torch.bfloat16))
         return out
-
-    def fill_rows(self, row: int, piece: Int4Linear) -> int:
-        """Copy `piece`'s rows in at `row`; returns the next free row."""
-        n = piece.out_features
-        self.packed[row:row + n] = piece.packed
-        self.scale_zero[:, row:row + n] = piece.scale_zero
-        return row + n
 
     @staticmethod
     def supports(n: int, k: int, group: int = INT4_GROUP) -> bool:
