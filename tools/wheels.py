@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from edgellm.kernels import build
-from edgellm.kernels.isa import _ARM, _X86, Variant
+from edgellm.kernels import isa
+from edgellm.kernels.isa import _ARM, _X86
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,14 +62,8 @@ def flag_sets(machine: str) -> dict[str, str]:
     """Every distinct set of portable flags the machine's CPUs would build -> its libraries' stem,
     which names the variant and what the CPU's tuning adds (e.g. `edgellm_05_avx512-bf16_vbmi`)."""
     sets: dict[str, str] = {}
-    table = {"x86_64": _X86, "aarch64": _ARM}[machine]
     for features in CPUS[machine].values():
-        variants = [Variant("scalar")]
-        for name, (needs, extras) in table.items():
-            if needs <= features:
-                have = frozenset(e for e, req in extras.items() if req <= features)
-                variants += [Variant(name, have), Variant(name)]
-        for variant in variants:
+        for variant in isa.runnable(features, machine):
             flags = build.portable_flags(variant, features)
             tuning = [TUNING[f] for f in flags if f not in variant.compiler_flags()]
             label = "_".join([variant.label.replace("+", "-"), *tuning])

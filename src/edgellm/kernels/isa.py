@@ -75,16 +75,16 @@ def cpu_features() -> frozenset[str]:
     return frozenset()
 
 
-def _table() -> dict:
-    return {"x86_64": _X86, "aarch64": _ARM}.get(machine(), {})
+def _table(arch: str) -> dict:
+    return {"x86_64": _X86, "aarch64": _ARM}.get(arch, {})
 
 
-def runnable(features: frozenset[str] | None = None) -> list[Variant]:
-    """Every variant this CPU executes, best first, each with all the extras it has and (for
-    tests) without them too; scalar last."""
+def runnable(features: frozenset[str] | None = None, arch: str | None = None) -> list[Variant]:
+    """Every variant this CPU (or one of machine `arch` with `features`) executes, best first, each
+    with all the extras it has and (for tests) without them too; scalar last."""
     features = cpu_features() if features is None else features
     out = []
-    for name, (needs, extras) in _table().items():
+    for name, (needs, extras) in _table(arch or machine()).items():
         if needs <= features:
             have = frozenset(e for e, req in extras.items() if req <= features)
             out += [Variant(name, have)] + ([Variant(name)] if have else [])
