@@ -58,7 +58,7 @@ def convert_to_hf(model: str | Path, out_dir: str | Path, dtype: str = "bf16",
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidRequest(f"{out} exists and is not an empty directory")
     with open_model(resolve(model)) as source:
-        tensors = _hf_tensors(source, FLOAT_SCHEMES[dtype], progress, _merged(adapter))
+        tensors = _hf_tensors(source, getattr(torch, FLOAT_SCHEMES[dtype]), progress, _merged(adapter))
         files = _hf_side_files(source, tensors, dtype)
     _write_folder(out, tensors, files)
     return out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
+import numpy as np
+
+from edgellm.extras import inference
 
 from edgellm.generate.generator import decode_step, decode_with_prompt_chunks
 from edgellm.kernels.decode import MAX_SEQS
@@ -22,7 +24,7 @@ class Engine:
         """Events per request: TokenEvents, a Completion when it ended, or the exception that
         ended it (a failure ends only the requests it touched)."""
         events: dict[RunningRequest, list] = {}
-        with torch.inference_mode():
+        with inference():
             if step.prefill and step.decode and self._together(step, events):
                 return events
             for request, tokens in step.prefill:

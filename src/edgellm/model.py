@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import torch
+
+from edgellm.extras import inference, torch
 
 from edgellm.chat_template import ChatTemplate
 from edgellm.chat_messages import validate_tools
@@ -91,7 +92,7 @@ class Model:
         self.kv = KVManager(self.net.cache_specs(), kv or KVConfig.for_mode(mode), self.context_length, salt=salt)
         self._message_overhead: int | None = None
         # LoRA adapters over this base, picked per generation (adapter=NAME); int8 rows where the native layers read them
-        self.adapters = AdapterSet(self.config, torch.int8 if mode == "fast" else torch.float32, self.kv)
+        self.adapters = AdapterSet(self.config, "int8" if mode == "fast" else "float32", self.kv)
 
     def load_adapter(self, path: str | Path, name: str | None = None, scale: float = 1.0,
                      charge: bool = True) -> Adapter:
@@ -273,7 +274,7 @@ class Model:
         seq, reused = self.kv.for_adapter(self.adapters.get(adapter)).new_sequence(ids)
         scores = []
         try:
-            with torch.inference_mode():
+            with inference():
                 last = prefill(self.net, seq, ids[reused:], prefill_chunk(self.kv))
                 for tokens in map(list, continuations):
                     if not tokens:
@@ -304,8 +305,8 @@ class Model:
         seq, _ = manager.new_sequence()
         try:
             seq.prepare(len(ids))
-            with torch.inference_mode():
-                return self.net(torch.tensor([list(ids)]), seq)[0]
+            with inference():
+                return self.net(np.array([list(ids)], dtype=np.int64), seq)[0]
         finally:
             seq.release()
 

@@ -87,7 +87,7 @@ def quantize_model(src: str | Path, out: str | Path, recipe: str, calibrate: str
     for i, name in enumerate(names):
         scheme = scheme_of(name)
         if scheme is None or scheme.kind == "float":
-            dtype = FLOAT_SCHEMES[scheme.dtype] if scheme else (torch.float32 if floats[name].dim() == 1 else torch.bfloat16)
+            dtype = getattr(torch, FLOAT_SCHEMES[scheme.dtype]) if scheme else (torch.float32 if floats[name].dim() == 1 else torch.bfloat16)
             kept[name] = floats[name].to(dtype)
         else:
             quantized[name] = quantize(floats[name], scheme)

@@ -99,8 +99,8 @@ def _copy_state(dst, src) -> None:
         if isinstance(b, RingCache):
             for store_a, store_b in ((a.k, b.k), (a.v, b.v)):
                 for n, p in store_b.parts.items():
-                    store_a.parts[n].copy_(p)
-            a.positions.copy_(b.positions)
+                    store_a.parts[n][...] = p
+            a.positions[...] = b.positions
         else:
             a.pages, a.version = [page.copy() for page in b.pages], a.version + 1
         a.offset = b.offset
@@ -236,8 +236,9 @@ def test_rope_rows_from_cached_tables_are_each_positions_angles(name, request):
         net = model.net
         for positions in ([0], [63], [64], [700], [5, 63, 64, 700]):
             cos, sin, _keep = net.decoder._ropes(positions)
-            expected = net.rope_per_layer(torch.tensor(positions))
+            expected = net.rope_per_layer(np.array(positions))
             for layer, (want_cos, want_sin) in enumerate(expected):
+                want_cos, want_sin = torch.from_numpy(want_cos), torch.from_numpy(want_sin)
                 d = want_cos.shape[-1]
                 got_cos = _floats_at(cos[layer], len(positions) * d).view(len(positions), d)
                 got_sin = _floats_at(sin[layer], len(positions) * d).view(len(positions), d)
@@ -371,7 +372,7 @@ def test_a_caches_page_table_follows_its_pages_as_they_grow_change_and_go(smollm
         return [(e.k.q, e.v.q) for e in entries]
 
     def pages(seq) -> list[tuple[int, int]]:
-        return [(p.k.buffers()[0].data_ptr(), p.v.buffers()[0].data_ptr()) for p in seq.layers[0].pages]
+        return [(p.k.buffers()[0].ctypes.data, p.v.buffers()[0].ctypes.data) for p in seq.layers[0].pages]
 
     with edgellm.load(smollm2_path) as model, torch.inference_mode():
         seq, _ = model.kv.new_sequence()
@@ -422,7 +423,7 @@ def test_a_shared_prefix_pages_are_described_once_for_every_sequence_that_holds_
         assert len(described) == 2 * new_pages * len(second.layers)
         slots = KVSlots.from_address(address)  # layer 0's table: the second sequence's own pages
         entries = (KVPage * len(second.layers[0].pages)).from_address(slots.pages)
-        assert [(e.k.q, e.v.q) for e in entries] == [(p.k.buffers()[0].data_ptr(), p.v.buffers()[0].data_ptr())
+        assert [(e.k.q, e.v.q) for e in entries] == [(p.k.buffers()[0].ctypes.data, p.v.buffers()[0].ctypes.data)
                                                      for p in second.layers[0].pages]
         first.release()
         second.release()
@@ -449,7 +450,7 @@ def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monk
         assert len(heads) == 1 + -(-len(ids) // MAX_SEQS)
         assert np.array_equal(once, each)
         for a, b in zip(skipping.layers, every.layers):  # the written slots (the page has 32)
-            assert torch.equal(a.pages[0].k.parts["x"][:, :, :len(ids)], b.pages[0].k.parts["x"][:, :, :len(ids)])
+            assert np.array_equal(a.pages[0].k.parts["x"][:, :, :len(ids)], b.pages[0].k.parts["x"][:, :, :len(ids)])
         skipping.release()
         every.release()
 
@@ -474,7 +475,7 @@ def test_a_newcomers_piece_that_does_not_end_its_prompt_skips_the_head_in_a_shar
         heads.clear()
         logits, firsts = decode_with_prompt_chunks(net, [running], [(ending, ending.prompt_left), (midway, 3)])
         assert heads == [2] and firsts[0] is not None and firsts[1] is None
-        written = [layer.pages[0].k.parts["x"][:, :, :3].clone() for layer in midway.seq.layers]
+        written = [layer.pages[0].k.parts["x"][:, :, :3].copy() for layer in midway.seq.layers]
 
         ref_running, ref_ending, ref_midway = three()
         work = [(ref_running.seq, [ref_running.next_token]), (ref_ending.seq, ref_ending.prompt_ids),
@@ -484,7 +485,7 @@ def test_a_newcomers_piece_that_does_not_end_its_prompt_skips_the_head_in_a_shar
         reference = net.decoder.step_rows([(seq.layers, tokens) for seq, tokens in work])
         assert reference.shape[0] == 3
         assert np.array_equal(logits[0], reference[0]) and np.array_equal(firsts[0], reference[1])
-        assert all(torch.equal(a, b.pages[0].k.parts["x"][:, :, :3]) for a, b in zip(written, ref_midway.seq.layers))
+        assert all(np.array_equal(a, b.pages[0].k.parts["x"][:, :, :3]) for a, b in zip(written, ref_midway.seq.layers))
         for g in (running, ending, midway, ref_running, ref_ending, ref_midway):
             g.close()
 

@@ -231,8 +231,9 @@ def test_linears_on_plain_avx2_take_the_int8_gemm_for_prompts(monkeypatch):
         q = torch.randint(0, 16, (128, 256), generator=gen, dtype=torch.uint8)
         scale, zero = torch.rand(128, 8, generator=gen) * 0.02 + 1e-3, torch.randn(128, 8, generator=gen) * 0.02
         int4 = Int4Linear(q, scale, zero)
-        w4 = (q.double() - 8) * int4.scale_zero[..., 0].T.double().repeat_interleave(32, 1) \
-            + int4.scale_zero[..., 1].T.double().repeat_interleave(32, 1)
+        scale_zero = torch.from_numpy(int4.scale_zero).view(torch.bfloat16)
+        w4 = (q.double() - 8) * scale_zero[..., 0].T.double().repeat_interleave(32, 1) \
+            + scale_zero[..., 1].T.double().repeat_interleave(32, 1)
         _check(int4(x), x, w4)
     finally:
         isa.selected.cache_clear()

@@ -92,7 +92,7 @@ class _Cache:
     def __init__(self, k: str, v: str, ring: bool):
         self.codecs = (codec(k), codec(v))
         self.capacity, self.page = (WINDOW, WINDOW) if ring else (MAX_LEN, PAGE)
-        self.pages = [[{n: torch.zeros(KV_HEADS, self.page, s, dtype=t) for n, (s, t) in c.part_shapes(DIM).items()}
+        self.pages = [[{n: torch.zeros(KV_HEADS, self.page, s, dtype=getattr(torch, t)) for n, (s, t) in c.part_shapes(DIM).items()}
                        for c in self.codecs] for _ in range(self.capacity // self.page)]
         self.slot_pos = torch.full((WINDOW,), -1, dtype=torch.long) if ring else None
         self.names = (k, v)

@@ -208,8 +208,8 @@ def test_kv_encoder_writes_the_bytes_kv_codecs_write(lib, precision):
     x[0, 1, 2] = 0.0  # an all-zero row: the scale floor
     x[0, 0, 4, :32] = 7.5  # a constant group: INT4's zero range
     kv = codec(precision)
-    expected = {name: part.to(kv.part_shapes(64)[name][1]) for name, part in kv.encode(x).items()}
-    ours = {name: torch.zeros(1, 2, 5, size, dtype=dtype) for name, (size, dtype) in kv.part_shapes(64).items()}
+    expected = {name: part.to(getattr(torch, kv.part_shapes(64)[name][1])) for name, part in kv.encode(x).items()}
+    ours = {name: torch.zeros(1, 2, 5, size, dtype=getattr(torch, dtype)) for name, (size, dtype) in kv.part_shapes(64).items()}
     ptr = lambda name: ours[name].data_ptr() if name in ours else None  # noqa: E731
     lib.edgellm_kv_encode(x.data_ptr(), 10, 64, ptr("x") or ptr("q"), ptr("scale"), ptr("min"),
                           ["f32", "f16", "int8", "int4"].index(precision))

@@ -50,10 +50,10 @@ def test_prepare_reserves_the_whole_chunk_before_the_forward_pass():
     seq.prepare(40)
     per_block = 2 * 2 * HEADS * 16 * DIM * 4
     assert seq.nbytes == 3 * per_block  # 40 tokens -> 3 blocks, before any token is written
-    buffers = [[page.k.parts["x"].data_ptr() for page in layer.pages] for layer in seq]
+    buffers = [[page.k.parts["x"].ctypes.data for page in layer.pages] for layer in seq]
     for layer in seq:
         layer.update_and_fetch(_kv(40), _kv(40))
-    assert [[page.k.parts["x"].data_ptr() for page in layer.pages] for layer in seq] == buffers  # no regrowth
+    assert [[page.k.parts["x"].ctypes.data for page in layer.pages] for layer in seq] == buffers  # no regrowth
 
 
 def test_release_returns_blocks_to_the_pool():

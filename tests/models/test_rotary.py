@@ -19,7 +19,7 @@ def test_cos_and_sin_are_the_rounded_exact_values():
     rotary = Rotary(64, 10_000.0)
     positions = torch.arange(97)
     cos, sin = rotary(positions)
-    angles = positions.float()[:, None] * rotary.inv_freq  # the float32 angles both halves share
+    angles = positions.float()[:, None] * torch.from_numpy(rotary.inv_freq)  # the float32 angles both halves share
     angles = torch.cat((angles, angles), dim=-1).unsqueeze(-2)
     assert cos.dtype == sin.dtype == torch.float32 and cos.shape == (97, 1, 64)
     assert torch.equal(cos, _rounded(math.cos, angles))

@@ -60,7 +60,7 @@ def test_int8_rows_of_edgellms_scheme_are_read_in_place():
     weights = [quantize(torch.randn(n, 128, generator=g) * 0.05, Scheme.parse("int8")) for n in (64, 32)]
     linear = make_quantized_linear(weights, "fast")
     assert isinstance(linear, BlockLinear) and linear.types == [GGMLType.I8] * 2
-    assert linear.parts[0].rows.data_ptr() == weights[0].q.data_ptr()  # no copy
+    assert linear.parts[0].rows.ctypes.data == weights[0].q.data_ptr()  # no copy
     w = torch.cat([q.dequantize() for q in weights]).double()
     for m in (1, 40):
         x = torch.randn(m, 128, generator=g)
@@ -80,7 +80,7 @@ def test_gemma_projections_are_read_in_place(gemma3_path):
         widened = widens_q5_0()  # Q8_0 parts are held as Q8R16 (the same bytes, 16 rows interleaved)
         assert block.attn.qkv_proj.types == [kernels.Q8R16 if widened else GGMLType.Q5_0] * 2 + [kernels.Q8R16]
         assert model.net.lm_head.types == [kernels.Q8R16]
-        assert model.net.embed.rows.data_ptr() == model.net.lm_head.parts[0].rows.data_ptr()  # one table for both
+        assert model.net.embed.rows.ctypes.data == model.net.lm_head.parts[0].rows.ctypes.data  # one table for both
         # what the planner counts for them (planner.weight_bytes)
         assert block.attn.qkv_proj.nbytes == sum(t.nbytes * 34 // 22 if widened and t.ggml_type == GGMLType.Q5_0
                                                  else t.nbytes for t in tensors)

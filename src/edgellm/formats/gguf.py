@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from edgellm.errors import ModelFormatError
 from edgellm.formats.mapped import MappedFile, check_no_overlap
@@ -225,7 +224,7 @@ class GGUFFile(MappedFile):
 
     # -- access --------------------------------------------------------------------------
 
-    def raw(self, name: str) -> torch.Tensor:
+    def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a 1-D uint8 view into the mapping (no copy)."""
         info = self.tensors[name]
         return self.view(info.offset, info.nbytes)

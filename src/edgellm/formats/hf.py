@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
+from edgellm.extras import torch
 
 from edgellm.errors import ModelFormatError, UnsupportedModel
 from edgellm.formats.gguf import TensorInfo
 from edgellm.formats.hf_names import NORMS_PLUS_ONE, gguf_name, metadata_from_config
-from edgellm.formats.safetensors import SafetensorsFile
+from edgellm.formats.safetensors import SafetensorsFile, torch_dtype
 
 # Metadata flag: Llama q/k rows are in HF's order, not llama.cpp's interleaved one.
 HF_QK_LAYOUT = "edgellm.hf_qk_layout"
@@ -78,7 +78,7 @@ class HFFolder:
         if name not in self._shifted:
             f, hf = self._where[name]
             w = f.tensor(hf).float() + 1.0
-            self._shifted[name] = w.to(f.entries[hf].dtype).view(torch.uint8).reshape(-1)
+            self._shifted[name] = w.to(torch_dtype(f.entries[hf].dtype)).view(torch.uint8).reshape(-1)
         return self._shifted[name]
 
     def load_tokenizer(self):

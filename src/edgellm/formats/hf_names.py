@@ -253,10 +253,11 @@ def config_from_metadata(meta: Mapping[str, Any], vocab_size: int, tied: bool, d
     return config
 
 
-def unpermute_rows(n_heads: int, head_dim: int) -> torch.Tensor:
+def unpermute_rows(n_heads: int, head_dim: int):
     """llama.cpp's converter interleaves each head's rotary pairs for Llama q/k weights;
-    this row order restores the rotate-half layout (row h·d + s·d/2 + i <- h·d + 2i + s)."""
-    import torch
+    this row order (an int64 numpy array; it indexes tensors too) restores the rotate-half layout
+    (row h·d + s·d/2 + i <- h·d + 2i + s)."""
+    import numpy as np
 
-    h, s, i = torch.meshgrid(torch.arange(n_heads), torch.arange(2), torch.arange(head_dim // 2), indexing="ij")
-    return (h * head_dim + 2 * i + s).reshape(-1)
+    h, s, i = np.meshgrid(np.arange(n_heads), np.arange(2), np.arange(head_dim // 2), indexing="ij")
+    return (h * head_dim + 2 * i + s).reshape(-1).astype(np.int64)

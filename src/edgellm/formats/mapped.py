@@ -6,14 +6,15 @@ import mmap
 from pathlib import Path
 from typing import Callable, Iterable
 
-import torch
+import numpy as np
 
 from edgellm.errors import ModelFormatError
 
 
 class MappedFile:
-    """A file mapped once. ACCESS_COPY: a private mapping, so torch gets a writable buffer
-    without copying; pages stay shared with the page cache until written (never)."""
+    """A file mapped once. ACCESS_COPY: a private mapping, so views are writable buffers without
+    a copy (what PyTorch, where it runs, asks of memory it wraps); pages stay shared with the page
+    cache until written (never)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -24,13 +25,13 @@ class MappedFile:
             raise ModelFormatError(self.path, "no such file") from None
         except (ValueError, OSError) as e:  # ValueError: an empty file cannot be mapped
             raise ModelFormatError(self.path, f"cannot map file ({e})") from None
-        self._base = torch.frombuffer(self._map, dtype=torch.uint8, count=1).data_ptr()  # where offset 0 lies
+        self._base = np.frombuffer(self._map, dtype=np.uint8, count=1).ctypes.data  # where offset 0 lies
 
-    def view(self, offset: int, nbytes: int) -> torch.Tensor:
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
         """Bytes offset..offset+nbytes as a 1-D uint8 view into the mapping (no copy)."""
         if not nbytes:
-            return torch.empty(0, dtype=torch.uint8)
-        return torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes, offset=offset)
+            return np.empty(0, dtype=np.uint8)
+        return np.frombuffer(self._map, dtype=np.uint8, count=nbytes, offset=offset)
 
     def advise_dontneed(self, spans: Iterable[tuple[int, int]]) -> None:
         """Tell the OS the pages of these (start, end) byte spans need not stay resident.
@@ -46,11 +47,13 @@ class MappedFile:
             if end > start:
                 self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
 
-    def drop_view(self, view: torch.Tensor) -> None:
+    def drop_view(self, view: np.ndarray) -> None:
         """advise_dontneed for the bytes of a contiguous view of this mapping (a chunk of a weight
         just converted into a copy); anything else, nothing."""
-        start = view.data_ptr() - self._base
-        end = start + view.numel() * view.element_size()
+        if not isinstance(view, np.ndarray):  # a tensor viewing the mapping (safetensors files)
+            view = view.numpy()
+        start = view.ctypes.data - self._base
+        end = start + view.nbytes
         if 0 <= start and end <= len(self._map):
             self.advise_dontneed([(start, end)])
 
@@ -64,7 +67,7 @@ class MappedFile:
         if mapping is not None and not mapping.closed:
             try:
                 mapping.close()
-            except BufferError:  # tensors still export the buffer; the OS unmaps when they die
+            except BufferError:  # arrays still export the buffer; the OS unmaps when they die
                 pass
 
     def __enter__(self):

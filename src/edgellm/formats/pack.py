@@ -17,17 +17,18 @@ import json
 import os
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from edgellm.atomic import atomic_path, remove_files
+from edgellm.extras import torch
+from edgellm.formats.safetensors import SafetensorsFile, write_safetensors
+from edgellm.module import Module
 from edgellm.quant.int4_pack import LAYOUT_VERSION
-from edgellm.quant.linear import DenseLinear, Int4Linear, fast_dtype
+from edgellm.kernels.build import compute_dtype_name
+from edgellm.quant.linear import DenseLinear, Int4Linear
 from edgellm.registry import cache_dir
 
 # 2: Q8_0 heads stay in the file; 3: so do all Q8_0 / Q5_0 linears (quant/blocks.py); 4: edgellm's
-# own INT4 layout instead of torch's
-PACK_VERSION = 4
+# own INT4 layout instead of torch's; 5: written 64-byte aligned and mapped when loaded
+PACK_VERSION = 5
 
 
 def _hash(text: str, chars: int) -> str:
@@ -46,11 +47,9 @@ def entry_name(source: str, mode: str, dense: str) -> str:
 def _still_usable(entry: Path) -> bool:
     """Whether a load could still read this entry: it names the conversion its metadata says it
     holds, of that file as it is now, by this edgellm."""
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(entry), framework="pt") as f:
-            meta = f.metadata() or {}
+        with SafetensorsFile(entry) as f:
+            meta = f.metadata
         return entry.name == entry_name(meta["source"], meta["mode"], meta["dense"])
     except Exception:  # unreadable, from an older edgellm, or its file is gone
         return False
@@ -63,47 +62,51 @@ def prune(folder: Path, keep: Path) -> int:
 
 
 class PackCache:
-    """name -> converted linear, loaded from and saved to one safetensors file."""
+    """name -> converted linear, saved to one safetensors file and loaded by mapping it: an INT4
+    layer's arrays are views of the file (nothing is read until a kernel touches it, and its pages
+    are the page cache's, shared by every process that loads the model)."""
 
     def __init__(self, path: Path, identity: dict[str, str]):
         self.path, self.dirty = path, False
         self.identity = identity  # source, mode, dense: written as metadata, read back by prune()
-        self._tensors: dict[str, torch.Tensor] = {}
+        self._arrays: dict = {}  # to write: numpy arrays (INT4) or tensors (dense)
         self._meta: dict[str, dict] = {}
+        self._file: SafetensorsFile | None = None
         if path.is_file():
             self._load()
 
     def _load(self) -> None:
-        from safetensors import safe_open
-
         try:
-            with safe_open(str(self.path), framework="pt") as f:
-                self._meta = json.loads(f.metadata()["linears"])
-                self._tensors = {name: f.get_tensor(name) for name in f.keys()}
+            self._file = SafetensorsFile(self.path)
+            self._meta = json.loads(self._file.metadata["linears"])
         except Exception:  # damaged or from an incompatible build: convert again
-            self._tensors, self._meta = {}, {}
+            self._file, self._meta = None, {}
 
-    def get(self, key: str) -> nn.Module | None:
+    def get(self, key: str) -> Module | None:
         meta = self._meta.get(key)
-        if meta is None:
+        if meta is None or self._file is None:
             return None
-        if meta["kind"] == "int4":
-            linear = Int4Linear.empty(meta["out"], meta["in"], meta["planes"])
-            linear.packed, linear.scale_zero = self._tensors[f"{key}.packed"], self._tensors[f"{key}.scale_zero"]
-        else:
-            linear = DenseLinear(self._tensors[f"{key}.weight"], getattr(torch, meta["dtype"]))
+        try:
+            if meta["kind"] == "int4":
+                linear = Int4Linear.empty(0, meta["in"], meta["planes"])
+                linear.out_features = meta["out"]
+                linear.packed, linear.scale_zero = self._file.array(f"{key}.packed"), self._file.array(f"{key}.scale_zero")
+            else:
+                linear = DenseLinear(self._file.tensor(f"{key}.weight"), getattr(torch, meta["dtype"]))
+        except (KeyError, ValueError):  # an entry that does not hold what its metadata says
+            return None
         if "out_splits" in meta:
             linear.out_splits = meta["out_splits"]
         return linear
 
-    def put(self, key: str, linear: nn.Module) -> None:
+    def put(self, key: str, linear: Module) -> None:
         meta: dict = {"out_splits": getattr(linear, "out_splits", None)}
         if isinstance(linear, Int4Linear):
             meta |= {"kind": "int4", "in": linear.in_features, "out": linear.out_features, "planes": linear.planes}
-            self._tensors |= {f"{key}.packed": linear.packed, f"{key}.scale_zero": linear.scale_zero}
+            self._arrays |= {f"{key}.packed": linear.packed, f"{key}.scale_zero": linear.scale_zero}
         elif isinstance(linear, DenseLinear):
             meta |= {"kind": "dense", "dtype": str(linear.compute_dtype).removeprefix("torch.")}
-            self._tensors[f"{key}.weight"] = linear.weight
+            self._arrays[f"{key}.weight"] = linear.weight
         else:
             return
         self._meta[key] = meta
@@ -113,16 +116,14 @@ class PackCache:
         """Write atomically; a read-only or full cache directory only costs the next load time."""
         if not self.dirty:
             return
-        from safetensors.torch import save_file
-
         try:
             with atomic_path(self.path) as tmp:
-                save_file(self._tensors, str(tmp), metadata={"linears": json.dumps(self._meta), **self.identity})
+                write_safetensors(tmp, self._arrays, metadata={"linears": json.dumps(self._meta), **self.identity})
             prune(self.path.parent, keep=self.path)
         except OSError:
             pass
         self.dirty = False
-        self._tensors = {}  # the modules own them now
+        self._arrays = {}  # the modules own them now
 
 
 def pack_cache_for(path: str | Path, mode: str) -> PackCache | None:
@@ -136,7 +137,7 @@ def pack_cache_for(path: str | Path, mode: str) -> PackCache | None:
 
 def _identity(path: str | Path, mode: str) -> dict[str, str]:
     """What a conversion is of (kept in its metadata): the file, the mode, the dense layers' dtype."""
-    return {"source": str(Path(path).resolve()), "mode": mode, "dense": str(fast_dtype()).removeprefix("torch.")}
+    return {"source": str(Path(path).resolve()), "mode": mode, "dense": compute_dtype_name()}
 
 
 def _entry_path(identity: dict[str, str]) -> Path:

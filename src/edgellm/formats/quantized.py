@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import torch
+from edgellm.extras import torch
 
 from edgellm.atomic import atomic_path
 from edgellm.errors import ModelFormatError, TokenizerError, UnsupportedModel
@@ -33,7 +33,7 @@ VERSION = 2
 READABLE_VERSIONS = ("1", "2")  # 1: no __vocab__ tensors
 TOKENIZER = "__tokenizer__"
 VOCAB = "__vocab__."  # .text, .offsets (the tokens), .types, .scores
-_VOCAB_ARRAYS = {"tokenizer.ggml.token_type": ("types", torch.int32), "tokenizer.ggml.scores": ("scores", torch.float32)}
+_VOCAB_ARRAYS = {"tokenizer.ggml.token_type": ("types", "int32"), "tokenizer.ggml.scores": ("scores", "float32")}
 _PARTS = ("q", "scale", "zero")
 
 
@@ -112,7 +112,7 @@ def _vocab_parts(gguf_vocab: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor]
                f"{VOCAB}offsets": torch.from_numpy(offsets)}
     for key, (part, dtype) in _VOCAB_ARRAYS.items():
         if gguf_vocab.get(key) is not None:
-            tensors[f"{VOCAB}{part}"] = torch.as_tensor(np.asarray(gguf_vocab[key])).to(dtype)
+            tensors[f"{VOCAB}{part}"] = torch.as_tensor(np.asarray(gguf_vocab[key])).to(getattr(torch, dtype))
     scalars = {k: v.item() if isinstance(v, np.generic) else v for k, v in gguf_vocab.items()
                if isinstance(v, (str, bool, int, float, np.generic))}
     return tensors, scalars

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 import numpy as np
-import torch
+
+from edgellm.extras import inference, torch
 
 from edgellm.generate.sampling import Sampler, greedy
 from edgellm.kv import KVManager, SequenceKV
@@ -201,8 +202,8 @@ def early_exit_agreement(net, kv: KVManager, tokens: Sequence[int], candidates: 
     seq, _ = kv.new_sequence([])
     try:
         seq.prepare(len(tokens))
-        with torch.inference_mode():
-            final = net(torch.tensor([list(tokens)]), seq)[0].argmax(-1)
+        with inference():
+            final = net(np.array([list(tokens)], dtype=np.int64), seq)[0].argmax(-1)
             return {n: float((net.head(captured[n])[0].argmax(-1) == final).float().mean()) for n in candidates}
     finally:
         for hook in hooks:

@@ -6,7 +6,8 @@ import time
 from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
-import torch
+
+from edgellm.extras import inference
 
 from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenEvent
@@ -24,19 +25,20 @@ PREFILL_CHUNK = 512  # tokens per prefill pass: bounds attention scratch memory
 class CausalLM(Protocol):
     config: object  # has n_layers, context_length
 
-    def __call__(self, tokens: torch.Tensor, caches: Sequence, last_only: bool = False) -> torch.Tensor: ...
+    # tokens (B, T) int64 -> logits (B, T or 1, V) fp32: numpy from the native layers, a tensor from PyTorch's
+    def __call__(self, tokens: np.ndarray, caches: Sequence, last_only: bool = False): ...
 
 
 def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> np.ndarray:
     """Run `ids` through the model into `seq` in pieces of at most `chunk` that end on KV block
-    boundaries (at most the decoder's `prompt_tokens` of them: pieces of MAX_SEQS rows of the native
-    decode step, where they beat the prompt path: kernels/decode.py native_prompt_tokens); returns the
+    boundaries (or pieces of MAX_SEQS rows of the native decode step, where the decoder takes them:
+    short prompts, where they beat the prompt path, kernels/decode.py native_prompt_tokens); returns the
     last position's logits. (A ring-window-sized piece that began inside a
     block — after a few tokens interleaved with other streams — would push that block's first
     tokens out of the ring before the block is remembered for prefix reuse: prefill_chunk.)"""
     logits, start, block = None, 0, seq.config.block_size
     decoder = getattr(model, "decoder", None)
-    native = decoder is not None and len(ids) <= decoder.prompt_tokens
+    native = decoder is not None and decoder.takes_prompt(len(ids))
     while start < len(ids):
         size = MAX_SEQS if native else chunk
         if size >= block:  # a piece shorter than a block cannot push a block's first tokens out of a ring
@@ -44,7 +46,7 @@ def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = P
         piece = list(ids[start:start + size])
         seq.prepare(len(piece))
         if not (native and start + len(piece) < len(ids) and _layers_alone(model, seq, piece)):
-            logits = as_logits(model(torch.tensor([piece]), seq, last_only=True)[0, -1])
+            logits = as_logits(model(np.array([piece], dtype=np.int64), seq, last_only=True)[0, -1])
         seq.advance(piece)
         start += len(piece)
     return logits
@@ -227,7 +229,7 @@ def decode_step(model: CausalLM, generations: list[Generation]) -> np.ndarray:
     logits = None if not direct else decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations],
                                                             adapters=[g.seq.adapter for g in generations])
     if logits is None:
-        tokens = torch.tensor([[g.next_token] for g in generations])
+        tokens = np.array([[g.next_token] for g in generations], dtype=np.int64)
         caches = generations[0].seq if len(generations) == 1 else BatchKV([g.seq for g in generations])
         logits = as_logits(model(tokens, caches, last_only=True)[:, -1])
     for g in generations:
@@ -277,7 +279,7 @@ def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingPara
     if drafter is not None:
         generation.speculate(drafter, costs)
     try:
-        with torch.inference_mode():
+        with inference():
             events = generation.accept(generation.prefill())
             while True:
                 yield from events

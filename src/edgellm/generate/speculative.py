@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+
+from edgellm.extras import inference
 
 from edgellm.generate.drafters import Drafter
 from edgellm.generate.events import GenerationEvent
@@ -142,7 +143,7 @@ def run_rows(model, seq, tokens: list[int], every_row: bool = False, undoable: b
     decoder = getattr(model, "decoder", None)
     logits = None if decoder is None else decoder.step_rows([(seq.layers, tokens)], every_row, [seq.adapter])
     if logits is None:
-        logits = as_logits(model(torch.tensor([tokens]), seq, last_only=not every_row)[0])
+        logits = as_logits(model(np.array([tokens], dtype=np.int64), seq, last_only=not every_row)[0])
     seq.advance(tokens)
     return logits
 
@@ -155,7 +156,7 @@ def warm_rows(model, kv) -> None:
         return  # the native layers have nothing to build
     seq, _ = kv.new_sequence([])
     try:
-        with torch.inference_mode():
+        with inference():
             for rows in range(2, MAX_DRAFT + 2):
                 run_rows(model, seq, [0] * rows, every_row=True)
                 seq.trim(rows)

@@ -26,9 +26,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import torch
-
 from edgellm.atomic import remove_files
+from edgellm.extras import torch, torch_loaded
 from edgellm.kernels.isa import Variant, cpu_features, machine, selected
 
 # Every C file and header of this package: a new native layer file (e.g. <family>_layer.c) is
@@ -272,7 +271,7 @@ def available() -> bool:
 
 def describe() -> str:
     """What runs here, in a few words: the kernel variant (or why none) and the GEMM dtype."""
-    dtype = "bf16" if compute_dtype() == torch.bfloat16 else "fp32"
+    dtype = "bf16" if selected().bf16 else "fp32"
     if available():
         if dtype == "fp32":  # without native bf16: int8 on 4-bit / Q5_0 / Q6_K codes, int16 on the rest (AVX-VNNI)
             kinds = [kind for kind in ("int8", "int16") if getattr(library(), f"edgellm_{kind}_gemm_native")()]
@@ -285,9 +284,16 @@ def describe() -> str:
 def compute_dtype() -> torch.dtype:
     """The dtype fast mode multiplies in: bf16 only where the CPU multiplies bf16 natively, since
     elsewhere PyTorch's bf16 GEMM is ~90x slower than its fp32 one."""
-    return torch.bfloat16 if selected().bf16 else torch.float32
+    return getattr(torch, compute_dtype_name())
+
+
+def compute_dtype_name() -> str:
+    """compute_dtype's name, without PyTorch."""
+    return "bfloat16" if selected().bf16 else "float32"
 
 
 def profiled(label: str):
     """A record_function naming a native call in `bench --op-times`; free when not profiling."""
-    return torch.profiler.record_function(label) if torch.autograd.profiler._is_profiler_enabled else nullcontext()
+    if not torch_loaded() or not torch.autograd.profiler._is_profiler_enabled:
+        return nullcontext()
+    return torch.profiler.record_function(label)

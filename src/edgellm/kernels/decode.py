@@ -26,9 +26,10 @@ import weakref
 from typing import Protocol, Sequence
 
 import numpy as np
-import torch
 
 from edgellm import kernels, threads
+from edgellm.extras import has_torch, torch, torch_loaded
+from edgellm.kernels.buffers import address
 from edgellm.kernels.decode_caches import CacheViews
 from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16
 from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
@@ -45,11 +46,11 @@ _FP32 = 0  # simd.h's dtype code for float
 
 
 class NativeBlock(Protocol):
-    attn_norm: torch.nn.Module  # its eps is the layer's
-    attn: torch.nn.Module  # attn.scale, attn.qkv_proj, attn.o_proj
-    mlp: torch.nn.Module  # mlp.activation, mlp.gate_up_proj, mlp.down_proj
+    attn_norm: object  # its eps is the layer's
+    attn: object  # attn.scale, attn.qkv_proj, attn.o_proj
+    mlp: object  # mlp.activation, mlp.gate_up_proj, mlp.down_proj
 
-    def native_vectors(self) -> list[torch.Tensor | None]: ...
+    def native_vectors(self) -> list[np.ndarray | None]: ...  # float32
 
 
 class NativeModel(Protocol):
@@ -58,8 +59,8 @@ class NativeModel(Protocol):
     embed_scale: float
     blocks: Sequence[NativeBlock]
 
-    def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
-    def head(self, x: torch.Tensor) -> torch.Tensor: ...  # final hidden states -> fp32 logits
+    def rope_per_layer(self, positions: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]: ...
+    def head(self, x: torch.Tensor) -> torch.Tensor: ...  # final hidden states -> fp32 logits (PyTorch)
     # (norm, lm_head) where head(x) is lm_head(norm(x)) with norm models/layers.py's RMSNorm, else None
     def head_parts(self) -> tuple | None: ...
 
@@ -110,7 +111,13 @@ class FusedDecoder:
         self._rope_rows: list[tuple] = []  # per table, a batch's cos and sin rows (numpy, MAX_SEQS x D)
         self._head = _NativeHead.of(net, self.lib)
         single_plane = all(isinstance(m, Int4Linear) and m.planes == 1 for block in net.blocks for m in linears(block))
-        self.prompt_tokens = native_prompt_tokens(kernels.selected(), single_plane)  # generator.prefill's choice
+        self.prompt_tokens = native_prompt_tokens(kernels.selected(), single_plane)
+        self.prompt_path = has_torch()  # the prompt path's GEMMs are PyTorch's (for now)
+
+    def takes_prompt(self, tokens: int) -> bool:
+        """Whether a prompt (or its rest) of `tokens` goes in as pieces of MAX_SEQS rows of this step
+        (generator.prefill's choice): a short one, where pieces win, and any without PyTorch."""
+        return tokens <= self.prompt_tokens or not self.prompt_path
 
     @classmethod
     def build(cls, net: NativeModel, mode: str) -> FusedDecoder | None:
@@ -134,14 +141,14 @@ class FusedDecoder:
     def _describe(self, block: NativeBlock, cfg, max_len: int):
         dims = LayerDims(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
                           max_len, block.attn_norm.eps, block.attn.scale, getattr(block.attn, "softcap", None) or 0.0)
-        vectors = [None if v is None else v.float().contiguous() for v in block.native_vectors()]
+        vectors = [None if v is None else np.ascontiguousarray(v, dtype=np.float32) for v in block.native_vectors()]
         self._keep += vectors
-        pointers = [None if v is None else v.data_ptr() for v in vectors]
+        pointers = [address(v) for v in vectors]
         return layer_struct(len(vectors))(dims, *pointers, *(projection(m) for m in linears(block)))
 
-    def step(self, tokens: torch.Tensor, caches, last_only: bool = True) -> torch.Tensor | None:
-        """Logits (B, 1, V) for one token of each of B sequences, or for a piece of up to MAX_SEQS
-        tokens of one sequence (1, 1 or T, V); None if the caches do not fit."""
+    def step(self, tokens: np.ndarray, caches, last_only: bool = True) -> np.ndarray | None:
+        """Logits (B, 1, V) for one token of each of B sequences (tokens (B, 1)), or for a piece of up
+        to MAX_SEQS tokens of one sequence (1, 1 or T, V); None if the caches do not fit."""
         per_seq = _sequence_layers(caches)
         if per_seq is None or tokens.shape[0] != len(per_seq) or (tokens.shape[1] > 1 and len(per_seq) > 1):
             return None
@@ -150,8 +157,7 @@ class FusedDecoder:
         logits = self.step_rows(work, every_row=not last_only, adapters=adapters)
         if logits is None:
             return None
-        logits = torch.from_numpy(logits)  # the PyTorch layers' caller (the model's forward) takes tensors
-        return logits.unsqueeze(0) if tokens.shape[1] > 1 and not last_only else logits.unsqueeze(1)
+        return logits[None] if tokens.shape[1] > 1 and not last_only else logits[:, None]
 
     def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False,
                   adapters: Sequence | None = None, wanted: Sequence[bool] | None = None) -> np.ndarray | None:
@@ -202,14 +208,14 @@ class FusedDecoder:
         if isinstance(table, BlockEmbedding) and table.ggml_type in BLOCK_TYPES and table.ggml_type not in (I8, Q8R16) \
                 and all(0 <= t < table.num_embeddings for t in tokens):  # else the table's own IndexError
             x = np.empty((len(tokens), table.dim), dtype=np.float32)
-            row_bytes, base, out = table.rows.stride(0), table.rows.data_ptr(), x.ctypes.data
+            row_bytes, base, out = table.rows.strides[0], table.rows.ctypes.data, x.ctypes.data
             for i, t in enumerate(tokens):
                 self.lib.edgellm_blocks_to_float(base + t * row_bytes, table.ggml_type, 1, table.dim, None,
                                                  out + 4 * i * table.dim, _FP32, 1)
         elif isinstance(table, BlockEmbedding) and table.ggml_type == Q8R16 \
                 and all(0 <= t < table.num_embeddings for t in tokens):
             x = np.empty((len(tokens), table.dim), dtype=np.float32)
-            self.lib.edgellm_q8r16_rows(table.rows.data_ptr(), table.dim, (_i64 * len(tokens))(*tokens), len(tokens),
+            self.lib.edgellm_q8r16_rows(table.rows.ctypes.data, table.dim, (_i64 * len(tokens))(*tokens), len(tokens),
                                         x.ctypes.data)
         else:
             x = np.ascontiguousarray(table(torch.tensor([tokens])).reshape(len(tokens), -1).float().numpy())
@@ -262,7 +268,7 @@ class FusedDecoder:
             if len(self._rope_chunks) >= _ROPE_CHUNKS_KEPT:
                 self._rope_chunks.pop(next(iter(self._rope_chunks)))  # the oldest
             chunk = self._rope_chunks[index] = _RopeChunk(
-                self.net.rope_per_layer(torch.arange(index * _ROPE_CHUNK, (index + 1) * _ROPE_CHUNK)))
+                self.net.rope_per_layer(np.arange(index * _ROPE_CHUNK, (index + 1) * _ROPE_CHUNK)))
         return chunk
 
 
@@ -305,21 +311,21 @@ class _NativeHead:
         if parts is None or type(parts[1]) is not BlockLinear:
             return None
         norm, head = parts
-        fits = head.in_features % 16 == 0 and norm.weight.dtype == torch.float32 and norm.weight.is_contiguous() \
+        fits = head.in_features % 16 == 0 and norm.weight.dtype == np.float32 and norm.weight.flags.c_contiguous \
             and norm.weight.shape == (head.in_features,)
         return cls(norm, head, lib) if fits else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         m, k = x.shape
         x = np.ascontiguousarray(x)
-        self.lib.edgellm_rms_norm(x.ctypes.data, m, k, self.norm.weight.data_ptr(), self.norm.eps,
+        self.lib.edgellm_rms_norm(x.ctypes.data, m, k, self.norm.weight.ctypes.data, self.norm.eps,
                                   self.normed.ctypes.data, _FP32, 1)
         logits = np.empty((m, self.head.out_features), dtype=np.float32)
         column = logits.ctypes.data
         for part in self.head.parts:
             n = part.rows.shape[0]
-            self.lib.edgellm_block_gemv(self.normed.ctypes.data, m, k, part.rows.data_ptr(), part.type, n,
-                                        None if part.scale is None else part.scale.data_ptr(), column,
+            self.lib.edgellm_block_gemv(self.normed.ctypes.data, m, k, part.rows.ctypes.data, part.type, n,
+                                        address(part.scale), column,
                                         self.head.out_features, self.work.ctypes.data, threads.current())
             column += 4 * n
         return logits
@@ -345,10 +351,14 @@ def _sequence_layers(caches) -> list[list] | None:
     return per_seq if all(per_seq) else None
 
 
-def fused_step(decoder: FusedDecoder | None, tokens: torch.Tensor, caches, last_only: bool = True) -> torch.Tensor | None:
-    """The native step when the model has a decoder and the step is one token per sequence, or a
-    short piece of one sequence's prompt: up to MAX_SEQS tokens as rows of the decode GEMVs cost
-    about half what the prompt path's eager layers do (SmolLM2, 8 tokens: ~10 against ~20 ms)."""
-    if decoder is None or tokens.dim() != 2 or not 1 <= tokens.shape[1] <= MAX_SEQS:
+def fused_step(decoder: FusedDecoder | None, tokens, caches, last_only: bool = True):
+    """The native step's logits when the model has a decoder and the step is one token per sequence,
+    or a short piece of one sequence's prompt: up to MAX_SEQS tokens as rows of the decode GEMVs cost
+    about half what the prompt path's eager layers do (SmolLM2, 8 tokens: ~10 against ~20 ms).
+    numpy without PyTorch in the process, else a tensor of the same memory."""
+    if decoder is None or len(tokens.shape) != 2 or not 1 <= tokens.shape[1] <= MAX_SEQS:
         return None
-    return decoder.step(tokens, caches, last_only)
+    logits = decoder.step(np.asarray(tokens), caches, last_only)
+    if logits is None or not torch_loaded():
+        return logits
+    return torch.from_numpy(logits)  # where PyTorch runs, a model's forward gives tensors either way (no copy)

@@ -19,7 +19,6 @@ import weakref
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from edgellm.kernels.layer_structs import KVPage, KVSlots
 from edgellm.kv.cache import DenseCache, RingCache
@@ -109,7 +108,7 @@ class _CacheView:
         self.pages = pages
         ring = cache.slot_positions
         return KVSlots(ctypes.addressof(self.table), cache.page_tokens, cache.capacity,
-                       None if ring is None else ring.data_ptr())
+                       None if ring is None else ring.ctypes.data)
 
 
 # Each page's row, kept while the page lives (its buffers never change): a page of a cached prefix is
@@ -131,13 +130,13 @@ def page_rows(pages: Sequence) -> list[tuple[int, ...]]:
 
 def _fields(store) -> tuple[int, int, int, int]:
     values, scale, low = store.buffers()
-    return values.data_ptr(), 0 if scale is None else scale.data_ptr(), 0 if low is None else low.data_ptr(), \
+    return values.ctypes.data, 0 if scale is None else scale.ctypes.data, 0 if low is None else low.ctypes.data, \
         codec_code(store.codec)
 
 
 def codec_code(codec) -> int | None:
     if isinstance(codec, FloatCodec):
-        return {torch.float32: _KV_F32, torch.float16: _KV_F16, torch.bfloat16: _KV_BF16}.get(codec.dtype)
+        return {"float32": _KV_F32, "float16": _KV_F16, "bfloat16": _KV_BF16}.get(codec.dtype)
     if isinstance(codec, Int8Codec):
         return _KV_INT8
     return _KV_INT4 if isinstance(codec, Int4Codec) else None

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ctypes
 
-import torch
+import numpy as np
 
 from edgellm import threads
+from edgellm.extras import torch
 from edgellm.kernels.build import library, profiled
+from edgellm.kernels.buffers import address, as_array, like
 
 MAX_ROWS = 8  # activation rows per call (decode steps of up to 8 sequences)
 I8 = 24
@@ -47,7 +49,7 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor, g
     y = torch.empty(m, n, dtype=torch.float32)
     work = torch.empty(lib.edgellm_int4_gemv_work(m, ka, group), dtype=torch.uint8)
     with profiled("edgellm::int4_gemv"):
-        lib.edgellm_int4_gemv(x.data_ptr(), m, ka, packed.data_ptr(), scale_zero.data_ptr(), n, kw, group,
+        lib.edgellm_int4_gemv(x.data_ptr(), m, ka, address(packed), address(scale_zero), n, kw, group,
                               y.data_ptr(), n, work.data_ptr(), threads.current())
     return y
 
@@ -65,50 +67,51 @@ def block_gemv(x: torch.Tensor, rows: torch.Tensor, ggml_type: int, k: int, row_
     y = torch.empty(m, n, dtype=torch.float32)
     work = torch.empty(lib.edgellm_block_gemv_work(m, k), dtype=torch.uint8)
     with profiled("edgellm::block_gemv"):
-        lib.edgellm_block_gemv(x.data_ptr(), m, k, rows.data_ptr(), ggml_type, n,
-                               None if row_scale is None else row_scale.data_ptr(), y.data_ptr(), n, work.data_ptr(),
+        lib.edgellm_block_gemv(x.data_ptr(), m, k, address(rows), ggml_type, n, address(row_scale), y.data_ptr(), n,
+                               work.data_ptr(),
                                threads.current())
     return y
 
 
-def q5_0_as_q8_0(rows: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """Q5_0 rows (N, K / 32 * 22) uint8 as Q8_0 rows (N, K / 32 * 34) of exactly the same weights."""
+def q5_0_as_q8_0(rows, lib: ctypes.CDLL | None = None):
+    """Q5_0 rows (N, K / 32 * 22) uint8 as Q8_0 rows (N, K / 32 * 34) of exactly the same weights
+    (numpy in, numpy out; a tensor in, a tensor out)."""
     lib = lib or library()
-    rows = rows.contiguous()
-    out = torch.empty(rows.shape[0], rows.shape[1] // 22 * 34, dtype=torch.uint8)
-    lib.edgellm_q5_0_to_q8_0(rows.data_ptr(), rows.numel() // 22, out.data_ptr())
-    return out
+    blocks = np.ascontiguousarray(as_array(rows))
+    out = np.empty((blocks.shape[0], blocks.shape[1] // 22 * 34), dtype=np.uint8)
+    lib.edgellm_q5_0_to_q8_0(blocks.ctypes.data, blocks.size // 22, out.ctypes.data)
+    return like(out, rows)
 
 
-def q8_0_as_q8r16(rows: torch.Tensor, k: int, out: torch.Tensor | None = None,
-                  lib: ctypes.CDLL | None = None) -> torch.Tensor:
+def q8_0_as_q8r16(rows, k: int, out=None, lib: ctypes.CDLL | None = None):
     """N Q8_0 rows of K weights (N, K / 32 * 34) uint8, N % 16 == 0, as the same bytes in the
     Q8R16 layout (q8r16.c), shaped (N, K / 32 * 34) like them (a row of it is not a row of W:
     16 rows interleave); into `out` if given."""
     lib = lib or library()
-    n, rows = rows.shape[0], rows.contiguous()
-    if n % Q8R16_ROWS or k % 32 or rows.shape[1] != k // 32 * 34:
-        raise ValueError(f"Q8R16 takes whole groups of {Q8R16_ROWS} Q8_0 rows, got {tuple(rows.shape)} for K = {k}")
-    out = torch.empty_like(rows) if out is None else out
-    lib.edgellm_q8_0_to_q8r16(rows.data_ptr(), n, k, out.data_ptr(), threads.current())
-    return out
+    blocks = np.ascontiguousarray(as_array(rows))
+    n = blocks.shape[0]
+    if n % Q8R16_ROWS or k % 32 or blocks.shape[1] != k // 32 * 34:
+        raise ValueError(f"Q8R16 takes whole groups of {Q8R16_ROWS} Q8_0 rows, got {tuple(blocks.shape)} for K = {k}")
+    result = np.empty_like(blocks) if out is None else as_array(out)
+    lib.edgellm_q8_0_to_q8r16(blocks.ctypes.data, n, k, result.ctypes.data, threads.current())
+    return like(result, rows) if out is None else out
 
 
-def i4r64_from_blocks(blocks: torch.Tensor, ggml_type: int, n: int, k: int, packed: torch.Tensor,
-                      scale_zero: torch.Tensor, row0: int = 0, lib: ctypes.CDLL | None = None) -> None:
+def i4r64_from_blocks(blocks, ggml_type: int, n: int, k: int, packed, scale_zero, row0: int = 0,
+                      lib: ctypes.CDLL | None = None) -> None:
     """Rows row0 .. row0 + n of an I4R64 weight (`packed` (N, planes * K / 2) uint8, `scale_zero`
-    (planes * K / 32, N, 2) bf16; quant/int4_pack.py) from n rows of GGUF blocks of an affine type
+    (planes * K / 32, N, 2) bf16 bits; quant/int4_pack.py) from n rows of GGUF blocks of an affine type
     (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q8_0; int4_repack.c): the bytes Int4Linear.from_affine writes."""
     lib = lib or library()
+    blocks, packed, scale_zero = np.ascontiguousarray(as_array(blocks)), as_array(packed), as_array(scale_zero)
     planes = packed.shape[1] * 2 // k
-    blocks = blocks.contiguous()
     elements, block_bytes = REPACK_BLOCKS.get(ggml_type, (1, 0))
-    if blocks.dtype != torch.uint8 or blocks.numel() != n * (k // elements) * block_bytes \
-            or packed.dtype != torch.uint8 or scale_zero.shape != (planes * k // 32, packed.shape[0], 2):
+    if blocks.dtype != np.uint8 or blocks.size != n * (k // elements) * block_bytes or packed.dtype != np.uint8 \
+            or scale_zero.shape != (planes * k // 32, packed.shape[0], 2) or scale_zero.itemsize != 2:
         raise ValueError(f"no I4R64 repack of {tuple(blocks.shape)} {blocks.dtype} as GGML type {ggml_type} rows "
                          f"({n}, {k}) into {tuple(packed.shape)} and {tuple(scale_zero.shape)}")
-    if lib.edgellm_i4r64_from_blocks(blocks.data_ptr(), ggml_type, n, k, planes, packed.data_ptr(),
-                                     scale_zero.data_ptr(), packed.shape[0], row0, threads.current()) != 0:
+    if lib.edgellm_i4r64_from_blocks(blocks.ctypes.data, ggml_type, n, k, planes, packed.ctypes.data,
+                                     scale_zero.ctypes.data, packed.shape[0], row0, threads.current()) != 0:
         raise ValueError(f"no I4R64 repack of GGML type {ggml_type} rows ({n}, {k}) into {packed.shape[0]} rows")
 
 
@@ -119,5 +122,5 @@ def q8r16_rows(packed: torch.Tensor, k: int, ids: torch.Tensor, lib: ctypes.CDLL
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= packed.shape[0]):
         raise IndexError(f"row ids must lie in [0, {packed.shape[0]})")
     out = torch.empty(ids.numel(), k, dtype=torch.float32)
-    lib.edgellm_q8r16_rows(packed.data_ptr(), k, ids.data_ptr(), ids.numel(), out.data_ptr())
+    lib.edgellm_q8r16_rows(address(packed), k, ids.data_ptr(), ids.numel(), out.data_ptr())
     return out

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import ctypes
 
-import torch
+import numpy as np
+
+from edgellm.extras import torch
 
 from edgellm import threads
 from edgellm.kernels.build import library, profiled
+from edgellm.kernels.buffers import address, as_array
 from edgellm.kernels.prompt import scratch
 
 GROUP = 32  # k per activation / weight group (int8_gemm.c)
@@ -79,7 +82,7 @@ class Int8Prompt:
             raise ValueError(f"rows [{start}, {end}) of an ({n}, {k}) I4R64 weight do not fit K = {self.k}")
         panel = self._panel(end - start)
         with profiled("edgellm::int8_pack"):
-            self.lib.edgellm_int8_pack_i4r64(packed.data_ptr(), scale_zero.data_ptr(), n, k, start, end - start,
+            self.lib.edgellm_int8_pack_i4r64(address(packed), address(scale_zero), n, k, start, end - start,
                                              panel.data_ptr(), self.threads)
         return self._times(panel, end - start, 4, out)
 
@@ -87,20 +90,20 @@ class Int8Prompt:
         """(T, N): N rows of Q8R16 blocks holding Q5_0 values (-16..15; quant/blocks.py's widened Q5_0); into
         `out` as times_i4r64."""
         n = rows.shape[0]
-        if rows.dtype != torch.uint8 or n % STRIP or rows.shape[1] != self.k // 32 * 34:
+        if as_array(rows).dtype != np.uint8 or n % STRIP or rows.shape[1] != self.k // 32 * 34:
             raise ValueError(f"Q8R16 rows for K = {self.k} must be ({n}, {self.k // 32 * 34}) uint8, N % {STRIP} == 0")
-        rows, panel = rows.contiguous(), self._panel(n)
+        rows, panel = np.ascontiguousarray(as_array(rows)), self._panel(n)
         with profiled("edgellm::int8_pack"):
-            self.lib.edgellm_int8_pack_q8r16(rows.data_ptr(), n, self.k, panel.data_ptr(), self.threads)
+            self.lib.edgellm_int8_pack_q8r16(rows.ctypes.data, n, self.k, panel.data_ptr(), self.threads)
         return self._times(panel, n, 5, out)
 
     def times_q6_k(self, rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """(T, N): N rows of a GGUF file's Q6_K blocks (K % 256 == 0, N % 16 == 0); into `out` as times_i4r64."""
         n = rows.shape[0]
-        if rows.dtype != torch.uint8 or n % STRIP or self.k % 256 or rows.shape[1] != self.k // 256 * 210:
+        if as_array(rows).dtype != np.uint8 or n % STRIP or self.k % 256 or rows.shape[1] != self.k // 256 * 210:
             raise ValueError(f"Q6_K rows for K = {self.k} must be ({n}, {self.k // 256 * 210}) uint8, N % {STRIP} == 0, "
                              f"K % 256 == 0")
-        rows, panel = rows.contiguous(), self._panel(n)
+        rows, panel = np.ascontiguousarray(as_array(rows)), self._panel(n)
         with profiled("edgellm::int8_pack"):
-            self.lib.edgellm_int8_pack_q6_k(rows.data_ptr(), n, self.k, panel.data_ptr(), self.threads)
+            self.lib.edgellm_int8_pack_q6_k(rows.ctypes.data, n, self.k, panel.data_ptr(), self.threads)
         return self._times(panel, n, 6, out)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import ctypes
 import functools
 
-import torch
+from edgellm.extras import torch
 
+from edgellm.kernels.buffers import address
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.linear import DenseLinear, Int4Linear
 
@@ -68,14 +69,14 @@ def layer_struct(n_vectors: int) -> type[ctypes.Structure]:
 
 def projection(linear) -> Projection:
     if isinstance(linear, BlockLinear):
-        parts = [WeightPart(p.type, p.rows.data_ptr(), None if p.scale is None else p.scale.data_ptr(),
+        parts = [WeightPart(p.type, address(p.rows), address(p.scale),
                              p.rows.shape[0], linear.in_features, linear.in_features, 32) for p in linear.parts]
     elif isinstance(linear, DenseLinear):  # formats with no INT4 or block kernel, in the compute dtype
         kind = WEIGHT_BF16 if linear.compute_dtype == torch.bfloat16 else WEIGHT_F32
         parts = [WeightPart(kind, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
                              linear.in_features, 0)]
     else:
-        parts = [WeightPart(WEIGHT_INT4, linear.packed.data_ptr(), linear.scale_zero.data_ptr(),
+        parts = [WeightPart(WEIGHT_INT4, address(linear.packed), address(linear.scale_zero),
                              linear.out_features, linear.planes * linear.in_features, linear.in_features,
                              linear.group)]
     return Projection((WeightPart * MAX_PARTS)(*parts), len(parts))

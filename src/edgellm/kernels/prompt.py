@@ -9,21 +9,24 @@ from __future__ import annotations
 import ctypes
 import threading
 
-import torch
+import numpy as np
+
+from edgellm.extras import torch
 
 from edgellm import threads
 from edgellm.kernels.build import available, compute_dtype, library, profiled
+from edgellm.kernels.buffers import address, as_array
 from edgellm.kernels.gemv import I8, MAX_ROWS, check_block_type
 
 _scratch = threading.local()
 SCRATCH_ROWS = 8192  # weights are unpacked at most this many output rows at a time (10 MB at K = 640, bf16)
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # simd.h's DTYPE_F32, DTYPE_BF16
+_DTYPE_CODES = {"torch.float32": 0, "torch.bfloat16": 1}  # simd.h's DTYPE_F32, DTYPE_BF16
 
 
 def _code(dtype: torch.dtype) -> int:
-    if dtype not in _DTYPE_CODES:
+    if str(dtype) not in _DTYPE_CODES:
         raise ValueError(f"native kernels read and write fp32 or bf16, not {dtype}")
-    return _DTYPE_CODES[dtype]
+    return _DTYPE_CODES[str(dtype)]
 
 
 def scratch(numel: int, dtype: torch.dtype, slot: str = "weight") -> torch.Tensor:
@@ -51,7 +54,7 @@ def int4_unpack(packed: torch.Tensor, scale_zero: torch.Tensor, group: int, plan
         raise ValueError(f"rows [{start}, {end}) must be whole 64-row blocks of {n}")
     wt = scratch((end - start) * ka, dtype).view(ka, end - start)
     with profiled("edgellm::int4_unpack"):
-        lib.edgellm_int4_unpack(packed.data_ptr(), scale_zero.data_ptr(), n, kw, group, planes, start, end - start,
+        lib.edgellm_int4_unpack(address(packed), address(scale_zero), n, kw, group, planes, start, end - start,
                                 wt.data_ptr(), _code(dtype), threads.current())
     return wt
 
@@ -66,13 +69,13 @@ def blocks_to_float(rows: torch.Tensor, ggml_type: int, k: int, out: torch.Tenso
     if (ggml_type == I8) != (row_scale is not None):
         raise ValueError("row_scale goes with INT8 rows (type I8), and only with them")
     lib = lib or library()
-    n, rows = rows.shape[0], rows.contiguous()
+    n, rows = rows.shape[0], np.ascontiguousarray(as_array(rows))
     dtype = out.dtype if out is not None else (dtype or compute_dtype())
     w = out if out is not None else scratch(n * k, dtype).view(n, k)
     if w.shape != (n, k) or not w.is_contiguous():
         raise ValueError(f"out must be a contiguous ({n}, {k}) tensor")
     with profiled("edgellm::blocks_to_float"):
-        lib.edgellm_blocks_to_float(rows.data_ptr(), ggml_type, n, k, None if row_scale is None else row_scale.data_ptr(),
+        lib.edgellm_blocks_to_float(rows.ctypes.data, ggml_type, n, k, address(row_scale),
                                     w.data_ptr(), _code(dtype), threads.current())
     return w
 
@@ -158,7 +161,7 @@ def norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: tor
     _, t, h, d = x.shape
     with profiled("edgellm::norm_rope"):
         (lib or library()).edgellm_norm_rope(x.data_ptr(), t, h, d, x.stride(1),
-                                             None if weight is None else weight.data_ptr(), eps, cos.data_ptr(),
+                                             address(weight), eps, cos.data_ptr(),
                                              sin.data_ptr(), threads.current())
     return x
 
@@ -179,7 +182,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dty
     d, dtype = x.shape[-1], dtype or compute_dtype()
     out = torch.empty(x.shape, dtype=dtype)
     with profiled("edgellm::rms_norm"):
-        (lib or library()).edgellm_rms_norm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(),
+        (lib or library()).edgellm_rms_norm(x.data_ptr(), x.numel() // d, d, address(weight), eps, out.data_ptr(),
                                             _code(dtype), threads.current())
     return out
 
@@ -196,6 +199,6 @@ def add_rms_norm(residual: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, 
     out = torch.empty(residual.shape, dtype=torch.float32)
     with profiled("edgellm::add_rms_norm"):
         (lib or library()).edgellm_add_rms_norm(residual.data_ptr(), y.data_ptr(), residual.numel() // d, d,
-                                                weight.data_ptr(), eps, out.data_ptr(), _code(y.dtype),
+                                                address(weight), eps, out.data_ptr(), _code(y.dtype),
                                                 threads.current())
     return out

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import ctypes
 
-import torch
-import torch.nn.functional as F
+from edgellm.extras import lazy, torch
 
 from edgellm import threads
 from edgellm.kernels.build import library, profiled
 from edgellm.kernels.prompt import scratch
+
+F = lazy("torch.nn.functional")
 
 STRIP, GROUP = 16, 64  # int16_gemm.c: rows per packed strip, k per quantization group
 

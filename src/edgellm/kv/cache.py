@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 
-import torch
+import numpy as np
 
+from edgellm.extras import torch
 from edgellm.kv.codecs import Codec
 from edgellm.kv.store import KVPage, TokenStore, prefixed, split_prefixed
 
@@ -29,8 +30,8 @@ class SlidingCausal:
     window: int
 
 
-Visibility = None | str | SlidingCausal | torch.Tensor
-Rotate = Callable[[torch.Tensor, int], torch.Tensor]  # (keys (B, H, T, D), delta) -> keys at position + delta
+Visibility = "None | str | SlidingCausal | torch.Tensor"
+Rotate = Callable[["torch.Tensor", int], "torch.Tensor"]  # (keys (B, H, T, D), delta) -> keys at position + delta
 
 
 class KVCache(Protocol):
@@ -59,7 +60,7 @@ class KVCache(Protocol):
     @property
     def capacity(self) -> int: ...  # token slots allocated
     @property
-    def slot_positions(self) -> torch.Tensor | None: ...  # a ring's position per slot (-1: empty)
+    def slot_positions(self) -> np.ndarray | None: ...  # a ring's position per slot (-1: empty)
     def mark_written(self, n: int) -> None: ...  # n tokens were appended in place
 
 
@@ -128,11 +129,11 @@ class DenseCache:
             del self.pages[keep:]
             self.version += 1
 
-    def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
+    def export(self, start: int, end: int) -> dict[str, np.ndarray]:
         """Encoded K and V of positions start..end-1 (a copy)."""
         return prefixed(self._read_parts(0, start, end), self._read_parts(1, start, end))
 
-    def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
+    def import_(self, start: int, parts: dict[str, np.ndarray]) -> None:
         """Write exported positions back at `start` (the next position)."""
         k_parts, v_parts = split_prefixed(parts)
         end = start + next(iter(k_parts.values())).shape[2]
@@ -177,19 +178,29 @@ class DenseCache:
     def _store(self, page: KVPage, which: int) -> TokenStore:
         return page.k if which == 0 else page.v
 
-    def _write(self, which: int, start: int, parts: dict[str, torch.Tensor]) -> None:
+    def _write(self, which: int, start: int, parts: dict) -> None:
+        """Encoded parts (arrays, or the codec's tensors) at slots start..."""
         n = next(iter(parts.values())).shape[2]
         for page, lo, hi, at in self._spans(start, start + n):
-            self._store(page, which).write_parts(lo, {name: p[:, :, at:at + hi - lo] for name, p in parts.items()})
+            store = self._store(page, which)
+            if isinstance(next(iter(parts.values())), np.ndarray):
+                store.write_parts(lo, {name: p[:, :, at:at + hi - lo] for name, p in parts.items()})
+            else:
+                for name, p in parts.items():
+                    store.tensors()[name][:, :, lo:hi] = p[:, :, at:at + hi - lo]
 
-    def _read_parts(self, which: int, start: int, end: int) -> dict[str, torch.Tensor]:
+    def _read_parts(self, which: int, start: int, end: int) -> dict[str, np.ndarray]:
         spans = list(self._spans(start, end))
         names = self.codecs[which].part_shapes(self.head_dim)
-        return {name: torch.cat([self._store(page, which).parts[name][:, :, lo:hi] for page, lo, hi, _ in spans], dim=2)
-                for name in names}
+        return {name: np.concatenate([self._store(page, which).parts[name][:, :, lo:hi] for page, lo, hi, _ in spans],
+                                     axis=2) for name in names}
 
     def _read(self, which: int, start: int, end: int) -> torch.Tensor:
-        return self.codecs[which].decode(self._read_parts(which, start, end))
+        spans = list(self._spans(start, end))
+        names = self.codecs[which].part_shapes(self.head_dim)
+        parts = {name: torch.cat([self._store(page, which).tensors()[name][:, :, lo:hi] for page, lo, hi, _ in spans],
+                                 dim=2) for name in names}
+        return self.codecs[which].decode(parts)
 
     # -- for native kernels that read and append in place --------------------------------
 
@@ -198,7 +209,7 @@ class DenseCache:
         return len(self.pages) * self.page_tokens
 
     @property
-    def slot_positions(self) -> torch.Tensor | None:
+    def slot_positions(self) -> np.ndarray | None:
         return None  # slot i holds position i
 
     def mark_written(self, n: int) -> None:
@@ -220,7 +231,7 @@ class RingCache:
         self.v = TokenStore(v_codec, kv_heads, head_dim, window, zeroed=True)
         self.codecs = (k_codec, v_codec)
         self._page = KVPage(self.k, self.v)
-        self.positions = torch.full((window,), -1, dtype=torch.long)  # -1: empty slot
+        self.positions = np.full(window, -1, dtype=np.int64)  # -1: empty slot (the native layers write it too)
         self.rotate = rotate
         self.offset = 0
         self.used_slots = 0  # slots 0..used_slots-1 have ever been written; attention skips the rest
@@ -234,7 +245,7 @@ class RingCache:
         q_pos = torch.arange(self.offset, self.offset + t)
         if t == 1:
             self._write(k, v, q_pos)
-            keys, values, k_pos = self.k.read(0, self.window), self.v.read(0, self.window), self.positions
+            keys, values, k_pos = self.k.read(0, self.window), self.v.read(0, self.window), torch.from_numpy(self.positions)
         else:
             keys, values, k_pos = self._chunk_keys(k, v, q_pos)
             self._write(k[:, :, -self.window:], v[:, :, -self.window:], q_pos[-self.window:])
@@ -254,8 +265,10 @@ class RingCache:
             return keys, values, None
         old_k, old_v, held = self.k.read(0, self.window), self.v.read(0, self.window), self._slots_in_order()
         if held is not None:
+            held = torch.from_numpy(held)
             return torch.cat((old_k[:, :, held], keys), dim=2), torch.cat((old_v[:, :, held], values), dim=2), None
-        return torch.cat((old_k, keys), dim=2), torch.cat((old_v, values), dim=2), torch.cat((self.positions, q_pos))
+        return torch.cat((old_k, keys), dim=2), torch.cat((old_v, values), dim=2), \
+            torch.cat((torch.from_numpy(self.positions), q_pos))
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         self._used_upto(int(pos[-1]) + 1)
@@ -266,7 +279,7 @@ class RingCache:
             if hi > lo:
                 self.k.write(dst, k[:, :, lo:hi])
                 self.v.write(dst, v[:, :, lo:hi])
-                self.positions[dst:dst + hi - lo] = pos[lo:hi]
+                self.positions[dst:dst + hi - lo] = pos[lo:hi].numpy()
 
     def evict(self, start: int, n: int) -> None:
         """Positions shift down by n (tokens older than the window are gone already)."""
@@ -275,15 +288,15 @@ class RingCache:
         self.positions[dropped] = -1
         if self.rotate is not None and bool(live.any()):
             keys = self.k.read(0, self.window)
-            self.k.write(0, torch.where(live[None, None, :, None], self.rotate(keys, -n), keys))
+            self.k.write(0, torch.where(torch.from_numpy(live)[None, None, :, None], self.rotate(keys, -n), keys))
         self.positions[live] -= n
         self.offset -= n
 
     def keep_overwritten(self, n: int) -> None:
         """Copy the slots the next n tokens will overwrite, so that trim(n) can give the older
         tokens back (speculative decoding writes guesses that may be rejected)."""
-        slots = torch.arange(self.offset, self.offset + min(n, self.window)) % self.window
-        self._kept = (self.offset, slots, self.positions[slots].clone(), self._read_slots(slots))
+        slots = np.arange(self.offset, self.offset + min(n, self.window)) % self.window
+        self._kept = (self.offset, slots, self.positions[slots].copy(), self._read_slots(slots))
 
     def trim(self, n: int) -> int:
         n = min(n, self.offset)
@@ -298,35 +311,35 @@ class RingCache:
         if kept is None:
             return
         start, slots, positions, parts = kept
-        back = torch.arange(start, start + len(slots)) >= self.offset  # slots of trimmed tokens
+        back = np.arange(start, start + len(slots)) >= self.offset  # slots of trimmed tokens
         if not bool(back.any()):
             return
         self._write_slots(slots[back], {name: value[:, :, back] for name, value in parts.items()}, positions[back])
 
-    def export(self, start: int, end: int) -> dict[str, torch.Tensor]:
+    def export(self, start: int, end: int) -> dict[str, np.ndarray]:
         return self._read_slots(self._slots(start, end))
 
-    def import_(self, start: int, parts: dict[str, torch.Tensor]) -> None:
+    def import_(self, start: int, parts: dict[str, np.ndarray]) -> None:
         n = next(iter(parts.values())).shape[2]
         keep = min(n, self.window)  # older positions would be overwritten anyway
-        slots = torch.arange(start + n - keep, start + n) % self.window
+        slots = np.arange(start + n - keep, start + n) % self.window
         self._write_slots(slots, {name: value[:, :, n - keep:] for name, value in parts.items()},
-                          torch.arange(start + n - keep, start + n))
+                          np.arange(start + n - keep, start + n))
         self.offset = start + n
         self._used_upto(self.offset)
 
-    def _read_slots(self, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _read_slots(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of the encoded K and V at `slots`, in the exported form ("k.<part>", "v.<part>")."""
-        return prefixed(*({n: p[:, :, slots].clone() for n, p in store.parts.items()} for store in (self.k, self.v)))
+        return prefixed(*({n: p[:, :, slots] for n, p in store.parts.items()} for store in (self.k, self.v)))
 
-    def _write_slots(self, slots: torch.Tensor, parts: dict[str, torch.Tensor], positions: torch.Tensor) -> None:
+    def _write_slots(self, slots: np.ndarray, parts: dict[str, np.ndarray], positions: np.ndarray) -> None:
         """Exported-form K and V into `slots`, which then hold `positions`."""
         for store, store_parts in zip((self.k, self.v), split_prefixed(parts)):
             for name, value in store_parts.items():
                 store.parts[name][:, :, slots] = value
         self.positions[slots] = positions
 
-    def _slots_in_order(self) -> torch.Tensor | None:
+    def _slots_in_order(self) -> np.ndarray | None:
         """The slots of the last min(offset, window) positions, oldest first, if the ring holds
         exactly those (it does unless eviction or trimming left gaps)."""
         try:
@@ -334,23 +347,23 @@ class RingCache:
         except ValueError:
             return None
 
-    def _slots(self, start: int, end: int) -> torch.Tensor:
-        positions = torch.arange(start, end)
+    def _slots(self, start: int, end: int) -> np.ndarray:
+        positions = np.arange(start, end)
         slots = positions % self.window
-        if not torch.equal(self.positions[slots], positions):
+        if not np.array_equal(self.positions[slots], positions):
             raise ValueError(f"positions {start}..{end - 1} are no longer in the ring")
         return slots
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.positions.numel() * 8
+        return self.k.nbytes + self.v.nbytes + self.positions.nbytes
 
     # -- the prefix cache: a ring's blocks are copies -------------------------------------
 
-    def block(self, b: int) -> dict[str, torch.Tensor]:
+    def block(self, b: int) -> dict[str, np.ndarray]:
         return self.export(b * self.block_size, (b + 1) * self.block_size)
 
-    def adopt(self, b: int, block: dict[str, torch.Tensor]) -> None:
+    def adopt(self, b: int, block: dict[str, np.ndarray]) -> None:
         self.import_(b * self.block_size, block)
 
     def unshare(self, b: int) -> None:
@@ -373,7 +386,7 @@ class RingCache:
         return self.window
 
     @property
-    def slot_positions(self) -> torch.Tensor:
+    def slot_positions(self) -> np.ndarray:
         """Each slot's position (-1: empty); a native writer updates it with the slot."""
         return self.positions
 

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from edgellm.errors import InvalidRequest
+from edgellm.extras import torch
 
 GROUP = 32  # elements per quantization group along head_dim
 INT8_GROUP = 16  # finer for INT8: scales cost D/8 bytes, and top-1 vs bf16 KV reaches 98 %
+
+
+# a part's dtype (PyTorch's name) -> how numpy stores it (bf16 as its 16 bits)
+_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "int8": np.int8, "uint8": np.uint8}
+
+
+def storage_dtype(name: str) -> np.dtype:
+    return np.dtype(_STORAGE[name])
 
 
 def _check_groups(head_dim: int) -> None:
@@ -24,16 +33,16 @@ def _check_groups(head_dim: int) -> None:
 class Codec(Protocol):
     name: str
 
-    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, torch.dtype]]: ...
+    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, str]]: ...  # name -> (size, dtype name)
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]: ...
     def decode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor: ...
 
 
 class FloatCodec:
-    def __init__(self, name: str, dtype: torch.dtype):
-        self.name, self.dtype = name, dtype
+    def __init__(self, name: str, dtype: str):
+        self.name, self.dtype = name, dtype  # dtype: PyTorch's name for it
 
-    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, torch.dtype]]:
+    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, str]]:
         return {"x": (head_dim, self.dtype)}
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -46,9 +55,9 @@ class FloatCodec:
 class Int8Codec:
     name = "int8"
 
-    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, torch.dtype]]:
+    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, str]]:
         _check_groups(head_dim)
-        return {"q": (head_dim, torch.int8), "scale": (head_dim // INT8_GROUP, torch.float16)}
+        return {"q": (head_dim, "int8"), "scale": (head_dim // INT8_GROUP, "float16")}
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         g = x.unflatten(-1, (-1, INT8_GROUP))  # (..., G, 16)
@@ -64,10 +73,10 @@ class Int8Codec:
 class Int4Codec:
     name = "int4"
 
-    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, torch.dtype]]:
+    def part_shapes(self, head_dim: int) -> dict[str, tuple[int, str]]:
         _check_groups(head_dim)
         groups = head_dim // GROUP
-        return {"q": (head_dim // 2, torch.uint8), "scale": (groups, torch.float16), "min": (groups, torch.float16)}
+        return {"q": (head_dim // 2, "uint8"), "scale": (groups, "float16"), "min": (groups, "float16")}
 
     def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         g = x.unflatten(-1, (-1, GROUP))  # (..., G, 32)
@@ -86,9 +95,9 @@ class Int4Codec:
 
 
 CODECS = {
-    "f32": lambda: FloatCodec("f32", torch.float32),
-    "bf16": lambda: FloatCodec("bf16", torch.bfloat16),
-    "f16": lambda: FloatCodec("f16", torch.float16),
+    "f32": lambda: FloatCodec("f32", "float32"),
+    "bf16": lambda: FloatCodec("bf16", "bfloat16"),
+    "f16": lambda: FloatCodec("f16", "float16"),
     "int8": Int8Codec,
     "int4": Int4Codec,
 }
@@ -103,4 +112,4 @@ def codec(name: str) -> Codec:
 def bytes_per_head_token(name: str, head_dim: int) -> int:
     """Storage for one token of one head, for one of K or V."""
     shapes = codec(name).part_shapes(head_dim)
-    return sum(size * torch.empty((), dtype=dtype).element_size() for size, dtype in shapes.values())
+    return sum(size * storage_dtype(dtype).itemsize for size, dtype in shapes.values())

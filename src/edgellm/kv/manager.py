@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-import torch
+import numpy as np
 
 from edgellm.errors import OutOfMemoryBudget
 from edgellm.kv.blocks import BlockPool, PrefixIndex, chain_hashes
@@ -176,7 +176,7 @@ class KVManager:
             payload = [layer.block(b) for layer in seq.layers]
             self.prefix.insert(h, payload, self.block_bytes, block=seq.blocks[self.fixed_blocks + b])
 
-    def remember(self, h: str, exported: list[dict[str, torch.Tensor]]) -> bool:
+    def remember(self, h: str, exported: list[dict[str, np.ndarray]]) -> bool:
         """Cache one block's KV, as exported per layer (the disk tier's form), under its
         chain hash."""
         if self.prefix is None:
@@ -187,7 +187,7 @@ class KVManager:
         return self.prefix.insert(h, payload, self.block_bytes)
 
     @staticmethod
-    def exported(payload: list) -> list[dict[str, torch.Tensor]]:
+    def exported(payload: list) -> list[dict[str, np.ndarray]]:
         """A cached block's KV per layer in the disk tier's form (remember's argument)."""
         return [part.export() if isinstance(part, KVPage) else part for part in payload]
 

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+import numpy as np
+
 
 from edgellm.atomic import atomic_path
-from edgellm.errors import KVStateMismatch
+from edgellm.errors import KVStateMismatch, ModelFormatError
+from edgellm.formats.safetensors import SafetensorsFile, write_safetensors
 from edgellm.kv.manager import KVManager
 
 FORMAT = "edgellm-kv-prefix/1"
@@ -33,12 +33,12 @@ def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path) -> 
     hashes = manager.hashes(tokens)
     payloads = manager.prefix.lookup(hashes)
     try:
-        tensors = {f"{b}.{layer}.{name}": t.contiguous() for b, payload in enumerate(payloads)
-                   for layer, parts in enumerate(manager.exported(payload)) for name, t in parts.items()}
+        arrays = {f"{b}.{layer}.{name}": a for b, payload in enumerate(payloads)
+                  for layer, parts in enumerate(manager.exported(payload)) for name, a in parts.items()}
         meta = _identity(manager) | {"tokens": json.dumps(list(tokens[:len(payloads) * manager.config.block_size])),
                                      "blocks": str(len(payloads))}
         with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp), metadata=meta)
+            write_safetensors(tmp, arrays, metadata=meta)
     finally:
         manager.prefix.release(hashes[:len(payloads)])
     return len(payloads) * manager.config.block_size
@@ -50,11 +50,9 @@ def load_prefix(manager: KVManager, path: str | Path) -> list[int]:
     if manager.prefix is None:
         raise KVStateMismatch("the prefix cache is disabled (prefix_cache_bytes = 0)")
     try:
-        tensors = load_file(str(path))
-        with open(path, "rb") as f:  # safetensors keeps metadata in its JSON header
-            header_len = int.from_bytes(f.read(8), "little")
-            meta = json.loads(f.read(header_len)).get("__metadata__", {})
-    except (OSError, SafetensorError, ValueError) as e:
+        with SafetensorsFile(path) as f:
+            arrays, meta = {name: f.array(name).copy() for name in f.entries}, f.metadata
+    except (OSError, ModelFormatError, KeyError, ValueError) as e:
         raise KVStateMismatch(f"{path}: not a readable KV file ({e})") from None
     expected = _identity(manager)
     wrong = [k for k, v in expected.items() if meta.get(k) != v]
@@ -63,13 +61,13 @@ def load_prefix(manager: KVManager, path: str | Path) -> list[int]:
                               f"this model has {', '.join(f'{k}={expected[k]!r}' for k in wrong)})")
     tokens = json.loads(meta["tokens"])
     for b, h in enumerate(manager.hashes(tokens)):
-        manager.remember(h, [_parts(tensors, b, layer) for layer in range(len(manager.specs))])
+        manager.remember(h, [_parts(arrays, b, layer) for layer in range(len(manager.specs))])
     return tokens
 
 
-def _parts(tensors: dict[str, torch.Tensor], block: int, layer: int) -> dict[str, torch.Tensor]:
+def _parts(arrays: dict[str, np.ndarray], block: int, layer: int) -> dict[str, np.ndarray]:
     prefix = f"{block}.{layer}."
-    parts = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+    parts = {name[len(prefix):]: a for name, a in arrays.items() if name.startswith(prefix)}
     if not parts:
         raise KVStateMismatch(f"block {block} layer {layer} is missing from the KV file")
     return parts

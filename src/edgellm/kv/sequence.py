@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-import torch
+import numpy as np
+
+from edgellm.extras import torch
 
 from edgellm.errors import InvalidRequest
 from edgellm.kv.cache import KVCache
@@ -44,9 +46,9 @@ class SequenceKV:
     def offset(self) -> int:
         return self.layers[0].offset
 
-    def positions(self, t: int) -> torch.Tensor:
+    def positions(self, t: int) -> np.ndarray:
         """Positions of the next t tokens, (t,)."""
-        return torch.arange(self.offset, self.offset + t)
+        return np.arange(self.offset, self.offset + t)
 
     @property
     def nbytes(self) -> int:
@@ -168,6 +170,6 @@ class BatchKV:
     def __iter__(self) -> Iterator[LayerBatch]:
         return (self[i] for i in range(len(self)))
 
-    def positions(self, t: int) -> torch.Tensor:
+    def positions(self, t: int) -> np.ndarray:
         """(B, t) positions: each sequence continues from its own offset."""
-        return torch.stack([s.positions(t) for s in self.sequences])
+        return np.stack([s.positions(t) for s in self.sequences])

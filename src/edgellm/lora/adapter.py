@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from edgellm.extras import torch
 
 from edgellm.errors import AdapterMismatch, ModelFormatError
 
@@ -142,7 +142,7 @@ def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
 
 
 def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: float = 1.0,
-                 dtype: torch.dtype = torch.float32) -> Adapter:
+                 dtype: torch.dtype | None = None) -> Adapter:
     """The adapter at `path` (a PEFT folder or a GGUF LoRA file), checked against the base
     model's `config`, its pairs in `dtype` (torch.int8 for the native kernels), its scale times `scale`."""
     path = Path(path)
@@ -153,7 +153,7 @@ def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: 
     else:
         raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
     _check(path, pairs, rank, config)
-    pairs = {key: p.stored_as(dtype) for key, p in pairs.items()}
+    pairs = {key: p.stored_as(dtype or torch.float32) for key, p in pairs.items()}
     widths = {p: out for p, (out, _) in projection_shapes(config).items()}
     s = alpha_scale * scale
     return Adapter(name or path.stem, path, rank, s, pairs, widths, _digest(pairs, s))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
+from edgellm.extras import torch
 
 from edgellm.lora.adapter import Adapter
 

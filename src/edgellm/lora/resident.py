@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
+from edgellm.extras import torch
 
 from edgellm.errors import InvalidRequest, ModelNotFound
 from edgellm.lora.adapter import Adapter, load_adapter
@@ -17,8 +17,9 @@ class AdapterSet:
     """`kv`: the model's KV manager, whose byte budget (if any) pays for adapters loaded at run
     time (those the budget was planned with come in with charge=False)."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, kv=None):
-        self.config, self.dtype, self.kv = config, dtype, kv  # int8 in fast mode (the native layers read it), fp32 in exact
+    def __init__(self, config: Any, dtype: str, kv=None):
+        # PyTorch's name for the pairs' dtype: int8 in fast mode (the native layers read it), float32 in exact
+        self.config, self.dtype, self.kv = config, dtype, kv
         self._by_name: dict[str, Adapter] = {}
         self._charged: dict[str, int] = {}  # bytes lent by the KV budget, per name
         self._lock = threading.Lock()
@@ -33,7 +34,7 @@ class AdapterSet:
             raise InvalidRequest(f"an adapter name must be non-empty without ':' or '/', got {name!r}")
         if not 0.0 <= scale <= 100.0:
             raise InvalidRequest(f"an adapter scale must be in [0, 100], got {scale}")
-        adapter = load_adapter(path, self.config, name, scale, self.dtype)  # outside the lock: may take a while
+        adapter = load_adapter(path, self.config, name, scale, getattr(torch, self.dtype))  # outside the lock: may take a while
         with self._lock:
             lent = adapter.nbytes if charge and self.kv is not None else 0
             held = self._charged.get(name, 0)  # a replaced adapter's bytes pay for its successor first

@@ -4,12 +4,11 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from torch import nn
-
 from edgellm.errors import InvalidRequest, UnsupportedModel
 from edgellm.models.gemma import Gemma, GemmaConfig
 from edgellm.models.llama import Llama, LlamaConfig
 from edgellm.models.weights import TensorSource, Weights
+from edgellm.module import Module
 
 ARCHITECTURES = {
     "llama": (LlamaConfig, Llama),
@@ -23,9 +22,9 @@ ARCHITECTURES = {
 
 
 def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache=None,
-                context_length: int | None = None) -> nn.Module:
+                context_length: int | None = None) -> Module:
     """Config from the file's metadata, weights through `quant/` (or a PackCache of earlier
-    conversions); returns an eval-mode model. `context_length`: what the model is loaded for
+    conversions). `context_length`: what the model is loaded for
     (None: the default; Phi-3's LongRoPE picks its factors by it)."""
     arch = source.metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -33,7 +32,7 @@ def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache
         raise UnsupportedModel(f"{source.path}: architecture {arch!r} is not supported ({supported})")
     config_cls, model_cls = ARCHITECTURES[arch]
     config = config_cls.from_gguf(source.metadata, vocab_size, context_length)
-    return model_cls(config, Weights(source, mode, cache)).eval()
+    return model_cls(config, Weights(source, mode, cache))
 
 
 def model_config(metadata):
@@ -55,16 +54,15 @@ def layer_specs(metadata) -> list:
             for i in range(config.n_layers)]
 
 
-def first_layers(net: nn.Module, n: int) -> nn.Module:
+def first_layers(net: Module, n: int) -> Module:
     """The model's first n blocks under its own embedding, final norm and head: the
     self-speculative draft. It shares every weight; only its KV cache is its own."""
     from edgellm.kernels.decode import FusedDecoder
 
     if not 0 < n < len(net.blocks):
         raise InvalidRequest(f"a self-speculative draft takes 1 to {len(net.blocks) - 1} layers, got {n}")
-    draft = copy.copy(net)
-    draft._modules = dict(net._modules)  # a copy's own submodule table, holding the same modules
-    draft._modules["blocks"] = nn.ModuleList(list(net.blocks)[:n])
+    draft = copy.copy(net)  # the same layers, but its own list of blocks
+    draft.blocks = list(net.blocks)[:n]
     config = replace(net.config, n_layers=n)
     if getattr(config, "rope_layers", None):
         config = replace(config, rope_layers=config.rope_layers[:n])

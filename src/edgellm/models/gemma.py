@@ -15,14 +15,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import torch
-from torch import nn
+import numpy as np
 
+from edgellm.extras import torch
 from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.kv.config import LayerSpec
 from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, head_norms, norm_rope, weights_of
 from edgellm.models.weights import Weights
+from edgellm.module import Module
 
 LOCAL_ROPE_BASE = 10_000.0  # Gemma 3's sliding layers; the file carries only the global base
 SLIDING_PATTERN = {"gemma3": 6, "gemma2": 2}  # every n-th layer attends globally
@@ -78,9 +79,8 @@ class GemmaConfig:
         return (layer + 1) % SLIDING_PATTERN[self.architecture] != 0
 
 
-class Attention(nn.Module):
+class Attention(Module):
     def __init__(self, cfg: GemmaConfig, w: Weights, prefix: str, sliding: bool):
-        super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.qkv_proj = w.linear(f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight")
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
@@ -103,9 +103,8 @@ class Attention(nn.Module):
         return add_lora(lora, ("o",), out, self.o_proj(out))
 
 
-class Block(nn.Module):
+class Block(Module):
     def __init__(self, cfg: GemmaConfig, w: Weights, i: int):
-        super().__init__()
         p, eps, native = f"blk.{i}", cfg.rms_eps, w.mode == "fast"
         self.sliding = cfg.is_sliding(i)
         self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), eps, native)
@@ -119,32 +118,32 @@ class Block(nn.Module):
         h = self.post_attn_norm.add_to(x, self.attn(self.attn_norm.for_linear(x), rope, cache, lora))
         return self.post_mlp_norm.add_to(h, self.mlp(self.mlp_norm.for_linear(h), lora))
 
-    def native_vectors(self) -> list[torch.Tensor | None]:
+    def native_vectors(self) -> list[np.ndarray | None]:
         """What gemma_layer.c's struct points to, in its order (no q/k norms: Gemma 2)."""
         norms = [self.attn_norm, self.post_attn_norm, self.mlp_norm, self.post_mlp_norm, self.attn.q_norm,
                  self.attn.k_norm]
         return weights_of(norms)
 
 
-class Gemma(nn.Module):
+class Gemma(Module):
     native_layer = "edgellm_gemma_layer"  # kernels/gemma_layer.c: a block's decode step in one call
     native_activation = "gelu_tanh"
 
     def __init__(self, cfg: GemmaConfig, w: Weights):
-        super().__init__()
         self.config = cfg
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.embed = w.embedding("token_embd.weight", tied_head=None if w.has("output.weight") else self.lm_head)
         self.embed_scale = math.sqrt(cfg.hidden_size)
-        self.blocks = nn.ModuleList(Block(cfg, w, i) for i in range(cfg.n_layers))
+        self.blocks = list(Block(cfg, w, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
         self.rotary_local = Rotary(cfg.head_dim, cfg.rope_local_base)
         self.rotary_global = Rotary(cfg.head_dim, cfg.rope_base)
         self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)
         self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
 
-    def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        local, glob = self.rotary_local(positions), self.rotary_global(positions)
+    def rope_per_layer(self, positions) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(cos, sin) per layer, numpy: the local table on sliding layers, the global one on the others."""
+        local, glob = self.rotary_local.tables(positions), self.rotary_global.tables(positions)
         return [local if block.sliding else glob for block in self.blocks]
 
     def cache_specs(self) -> list[LayerSpec]:
@@ -158,7 +157,7 @@ class Gemma(nn.Module):
         logits = fused_step(self.decoder, tokens, caches, last_only)  # a decode step or short piece in C, where it applies
         if logits is not None:
             return logits
-        positions = caches.positions(tokens.shape[1])
+        tokens, positions = torch.as_tensor(tokens), caches.positions(tokens.shape[1])
         rope_local, rope_global = self.rotary_local(positions), self.rotary_global(positions)
         x, lora = self.embed(tokens) * self.embed_scale, RowAdapters.of(caches)
         for i, (block, cache) in enumerate(zip(self.blocks, caches)):
@@ -171,6 +170,6 @@ class Gemma(nn.Module):
         cap = self.config.final_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
-    def head_parts(self) -> tuple[RMSNorm, nn.Module] | None:
+    def head_parts(self) -> tuple[RMSNorm, Module] | None:
         """(norm, lm_head) where head(x) is lm_head(norm(x)); None under a soft cap."""
         return (self.norm, self.lm_head) if self.config.final_softcap is None else None

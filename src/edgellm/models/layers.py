@@ -1,32 +1,38 @@
 """Layers shared by every architecture: RMSNorm, rotary embeddings, attention over a cache."""
 from __future__ import annotations
 
-from functools import partial
+from functools import cached_property
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+import numpy as np
 
 from edgellm import kernels
+from edgellm.extras import lazy, torch
+from edgellm.kernels.buffers import as_array
 from edgellm.kv.cache import SlidingCausal, causal_mask
 from edgellm.lora.apply import LayerAdapters, add_lora
+from edgellm.module import Module
+
+F = lazy("torch.nn.functional")
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Module):
     """y = x / sqrt(mean(x²) + eps) · w, in fp32 (the residual stream's dtype) whatever x's.
 
     With `native` (fast mode), prompt-sized inputs take kernels/norm.c: `for_linear` hands the
     next linear its input in the compute dtype directly, `add_to` is a normed residual add in one
-    pass."""
+    pass. `weight` is float32 numpy (what the C layers read); `tensor` the same memory for PyTorch."""
 
-    def __init__(self, weight: torch.Tensor, eps: float, native: bool = False):
-        super().__init__()
-        self.weight = nn.Parameter(weight.float(), requires_grad=False)
-        self.shape = tuple(weight.shape)
+    def __init__(self, weight: np.ndarray, eps: float, native: bool = False):
+        self.weight = np.ascontiguousarray(as_array(weight), dtype=np.float32)
+        self.shape = tuple(self.weight.shape)
         self.eps, self.native = eps, native
 
+    @cached_property
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), self.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.shape, self.tensor, self.eps)
 
     def for_linear(self, x: torch.Tensor) -> torch.Tensor:
         """Norm(x) as a linear's input: the compute dtype for a prompt in fast mode (the linear casts
@@ -48,56 +54,69 @@ def head_norms(w, prefix: str, eps: float) -> tuple[RMSNorm | None, RMSNorm | No
                  else None for x in "qk")
 
 
-def weights_of(norms) -> list[torch.Tensor | None]:
+def weights_of(norms) -> list[np.ndarray | None]:
     """Each norm's weight, None for an absent one (what a native layer struct points to)."""
     return [None if n is None else n.weight for n in norms]
 
 
-class Rotary(nn.Module):
+class Rotary:
     """Rotary position embedding in the "rotate half" layout: dimension i pairs with i + d/2.
 
     θ_i = base^(-2i/d), optionally divided by per-frequency factors (Llama 3.1 stores them
     in the file as `rope_freqs`, Phi-3's LongRoPE as `rope_factors_short`), and cos, sin scaled
-    by `magnitude` (LongRoPE's attention factor)."""
+    by `magnitude` (LongRoPE's attention factor). Computed in numpy (`tables`); calling it gives
+    the same as tensors, for the PyTorch layers."""
 
-    def __init__(self, head_dim: int, base: float, freq_factors: torch.Tensor | None = None, magnitude: float = 1.0):
-        super().__init__()
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    def __init__(self, head_dim: int, base: float, freq_factors: np.ndarray | None = None, magnitude: float = 1.0):
+        inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
         if freq_factors is not None:
-            inv_freq = inv_freq / freq_factors.double()
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+            inv_freq = inv_freq / np.asarray(as_array(freq_factors), dtype=np.float64)
+        self.inv_freq = inv_freq.astype(np.float32)
         self.magnitude = magnitude
 
     def rotate(self, x: torch.Tensor, delta: int) -> torch.Tensor:
         """Move already-rotated keys x (..., D) by `delta` positions: R(p + δ) = R(δ)·R(p)."""
-        cos, sin = self._angles(torch.tensor([delta]))
+        cos, sin = (torch.from_numpy(t) for t in self._angles(np.array([delta])))
         return apply_rotary(x, cos[0, 0], sin[0, 0])
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of each position's angles, both halves repeated: (T, 1, D) for
-        positions (T,), (B, T, 1, D) for a batch's own positions (B, T)."""
-        cos, sin = self._angles(positions)
-        return (cos, sin) if self.magnitude == 1.0 else (cos * self.magnitude, sin * self.magnitude)
+    def __call__(self, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(torch.from_numpy(t) for t in self.tables(positions))
 
-    def _angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # cos and sin in float64, rounded to float32: torch's float32 ones are not the same bits from one
-        # call to the next (in ~1 process of 10 the first call computed 2,062 of 3,904 values off the
-        # rounded exact ones, the next call 210), and a prompt's logits moved by up to 0.16 with them;
-        # the angles themselves stay the float32 products
-        angles = (positions.float()[..., None] * self.inv_freq).double()  # (..., T, D/2)
-        angles = torch.cat((angles, angles), dim=-1).unsqueeze(-2)  # (..., T, 1, D)
-        return angles.cos().float(), angles.sin().float()
+    def tables(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin of each position's angles, both halves repeated: (T, 1, D) for
+        positions (T,), (B, T, 1, D) for a batch's own positions (B, T); float32."""
+        cos, sin = self._angles(positions)
+        if self.magnitude == 1.0:
+            return cos, sin
+        return cos * np.float32(self.magnitude), sin * np.float32(self.magnitude)
+
+    def _angles(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        # cos and sin in float64, rounded to float32: float32 ones differ from the rounded exact ones
+        # (torch's were not even the same bits from one call to the next, and a prompt's logits moved
+        # by up to 0.16 with them); the angles themselves stay the float32 products
+        angles = (np.asarray(as_array(positions), dtype=np.float32)[..., None] * self.inv_freq).astype(np.float64)
+        angles = np.concatenate((angles, angles), axis=-1)[..., None, :]  # (..., T, 1, D)
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float, high_freq_factor: float,
-                        original_context: int) -> torch.Tensor:
+                        original_context: int) -> np.ndarray:
     """Llama 3.1's RoPE scaling as per-frequency divisors (what llama.cpp stores as rope_freqs):
     wavelengths longer than original_context / low_freq_factor are stretched by `factor`, shorter
     than original_context / high_freq_factor kept, and those between blended smoothly."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    wavelen = 2 * torch.pi / inv_freq
-    smooth = ((original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
+    inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / inv_freq
+    smooth = np.clip((original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor), 0, 1)
     return 1 / ((1 - smooth) / factor + smooth)  # smooth 0: factor (long waves); 1: unchanged (short)
+
+
+def as_tensors(per_layer: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer RoPE tables as tensors, a table shared by layers converted once."""
+    converted: dict[int, tuple] = {}
+    for pair in per_layer:
+        if id(pair) not in converted:
+            converted[id(pair)] = tuple(torch.from_numpy(t) for t in pair)
+    return [converted[id(pair)] for pair in per_layer]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -169,10 +188,10 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     return scores.softmax(-1) @ v
 
 
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
+ACTIVATIONS = {"silu": lambda x: F.silu(x), "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(Module):
     """down(act(gate(x)) ⊙ up(x)), gate and up fused into one matmul at load time (or in the file:
     Phi-3's ffn_up holds gate then up).
 
@@ -180,7 +199,6 @@ class GatedMLP(nn.Module):
     kernels/act.c in one pass instead of three ops."""
 
     def __init__(self, w, prefix: str, activation: str):
-        super().__init__()
         fused = not w.has(f"{prefix}.ffn_gate.weight")
         self.gate_up_proj = w.linear(*([] if fused else [f"{prefix}.ffn_gate.weight"]), f"{prefix}.ffn_up.weight")
         self.down_proj = w.linear(f"{prefix}.ffn_down.weight")

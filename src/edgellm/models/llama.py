@@ -14,16 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import torch
-from torch import nn
+import numpy as np
 
+from edgellm.extras import torch
 from edgellm.kernels.decode import FusedDecoder, fused_step
 from edgellm.formats.hf_names import PERMUTED_QK, unpermute_rows
 from edgellm.kv.config import LayerSpec
 from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
-from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, attention, head_norms, llama3_rope_factors, norm_rope,
-                                   weights_of)
+from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, as_tensors, attention, head_norms, llama3_rope_factors,
+                                   norm_rope, weights_of)
 from edgellm.models.weights import Weights
+from edgellm.module import Module
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,8 @@ def _llama3_rope(get) -> tuple[float, float, float, int] | None:
             float(get("rope.scaling.high_freq_factor", 4.0)), int(get("rope.scaling.original_context_length")))
 
 
-class Attention(nn.Module):
+class Attention(Module):
     def __init__(self, cfg: LlamaConfig, w: Weights, prefix: str, permuted: bool):
-        super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         names = [f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight"]
         if w.has(f"{prefix}.attn_qkv.weight"):  # Phi-3: fused in the file
@@ -138,7 +138,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         qkv = add_lora(lora, ("q", "k", "v"), x, self.qkv_proj(x)).float()
         if self.qkv_bias is not None:
-            qkv = qkv + self.qkv_bias
+            qkv = qkv + torch.from_numpy(self.qkv_bias)
         qkv = qkv.view(b, t, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
         if self.q_norm is None:
             qk = norm_rope(qkv[:, :, :self.n_heads + self.n_kv_heads], rope, native=self.native)  # q and k in one go
@@ -153,9 +153,8 @@ class Attention(nn.Module):
         return add_lora(lora, ("o",), out, self.o_proj(out))
 
 
-class Block(nn.Module):
+class Block(Module):
     def __init__(self, cfg: LlamaConfig, w: Weights, i: int, permuted: bool):
-        super().__init__()
         p = f"blk.{i}"
         native = w.mode == "fast"
         self.attn_norm = RMSNorm(w.vector(f"{p}.attn_norm.weight"), cfg.rms_eps, native)
@@ -167,25 +166,24 @@ class Block(nn.Module):
         h = x + self.attn(self.attn_norm.for_linear(x), rope, cache, lora)
         return h + self.mlp(self.mlp_norm.for_linear(h), lora)
 
-    def native_vectors(self) -> list[torch.Tensor | None]:
+    def native_vectors(self) -> list[np.ndarray | None]:
         """What llama_layer.c's struct points to, in its order."""
         return [self.attn_norm.weight, self.mlp_norm.weight, self.attn.qkv_bias,
                 *weights_of([self.attn.q_norm, self.attn.k_norm])]
 
 
-class Llama(nn.Module):
+class Llama(Module):
     native_layer = "edgellm_llama_layer"  # kernels/llama_layer.c: a block's decode step in one call
     native_activation = "silu"
     embed_scale = 1.0
 
     def __init__(self, cfg: LlamaConfig, w: Weights):
-        super().__init__()
         self.config = cfg
         # llama.cpp interleaves Llama q/k rows; Qwen2 GGUFs and HF checkpoints keep HF's order
         permuted = cfg.architecture in PERMUTED_QK and not cfg.hf_qk_layout
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.embed = w.embedding("token_embd.weight", tied_head=None if w.has("output.weight") else self.lm_head)
-        self.blocks = nn.ModuleList(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
+        self.blocks = list(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base, self._rope_factors(cfg, w),
                              cfg.longrope[1] if cfg.longrope else 1.0)
@@ -193,23 +191,23 @@ class Llama(nn.Module):
         self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
 
     @staticmethod
-    def _rope_factors(cfg: LlamaConfig, w: Weights) -> torch.Tensor | None:
+    def _rope_factors(cfg: LlamaConfig, w: Weights) -> np.ndarray | None:
         """Per-frequency RoPE divisors: a GGUF's rope_freqs, or Llama 3.1's scaling computed."""
         if w.has("rope_freqs.weight"):
             return w.vector("rope_freqs.weight")
         if cfg.longrope is not None:
             name = f"rope_factors_{cfg.longrope[2]}.weight"
-            return w.vector(name) if w.has(name) else torch.tensor(cfg.longrope_factors)
+            return w.vector(name) if w.has(name) else np.array(cfg.longrope_factors, dtype=np.float32)
         if cfg.llama3_rope is not None:
             return llama3_rope_factors(cfg.head_dim, cfg.rope_base, *cfg.llama3_rope)
         return None
 
-    def rope_per_layer(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(cos, sin) per layer; a NoPE layer's is the identity rotation (cos 1, sin 0)."""
-        rope = self.rotary(positions)
+    def rope_per_layer(self, positions) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(cos, sin) per layer, numpy; a NoPE layer's is the identity rotation (cos 1, sin 0)."""
+        rope = self.rotary.tables(positions)
         if self.config.rope_layers is None:
             return [rope] * len(self.blocks)
-        identity = (torch.ones_like(rope[0]), torch.zeros_like(rope[1]))
+        identity = (np.ones_like(rope[0]), np.zeros_like(rope[1]))
         return [rope if rotates else identity for rotates in self.config.rope_layers]
 
     def cache_specs(self) -> list[LayerSpec]:
@@ -224,7 +222,8 @@ class Llama(nn.Module):
         logits = fused_step(self.decoder, tokens, caches, last_only)  # a decode step or short piece in C, where it applies
         if logits is not None:
             return logits
-        ropes = self.rope_per_layer(caches.positions(tokens.shape[1]))
+        tokens = torch.as_tensor(tokens)
+        ropes = as_tensors(self.rope_per_layer(caches.positions(tokens.shape[1])))
         x, lora = self.embed(tokens), RowAdapters.of(caches)
         for i, (block, cache, rope) in enumerate(zip(self.blocks, caches, ropes)):
             x = block(x, rope, cache, None if lora is None else lora.layer(i))
@@ -234,6 +233,6 @@ class Llama(nn.Module):
         """Logits (fp32) of final hidden states."""
         return self.lm_head(self.norm(x)).float()
 
-    def head_parts(self) -> tuple[RMSNorm, nn.Module]:
+    def head_parts(self) -> tuple[RMSNorm, Module]:
         """head(x) is lm_head(norm(x)), nothing more (the native decoder may run it itself)."""
         return self.norm, self.lm_head

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-import torch
+import numpy as np
 
 from edgellm import kernels
 from edgellm.errors import ModelFormatError
+from edgellm.kernels.buffers import as_array
+from edgellm.module import Module
 from edgellm.quant.embedding import BlockEmbedding
-from edgellm.quant.ggml import dequantize
+from edgellm.quant.ggml import float_vector
 from edgellm.quant.linear import make_fused_linear
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.packed import QuantizedEmbedding, concat_linears, make_quantized_linear
@@ -24,7 +26,7 @@ class TensorSource(Protocol):
     metadata: Mapping[str, Any]
     tensors: Mapping[str, Any]
 
-    def raw(self, name: str) -> torch.Tensor: ...
+    def raw(self, name: str): ...  # uint8, 1-D: a numpy view (GGUF) or a tensor (safetensors files)
 
     # Optional (edgellm's quantized files): a weight in one of our own schemes, else None.
     # def quantized(self, name: str) -> QuantizedWeight | None: ...
@@ -51,18 +53,19 @@ class Weights:
             raise ModelFormatError(self.source.path, f"missing tensor {name!r}")
         return info
 
-    def _part(self, name: str, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, int, tuple]:
+    def _part(self, name: str, rows: np.ndarray | None = None) -> tuple:
         info = self._info(name)
         raw = self.source.raw(name)
         if rows is not None:  # reorder output rows; each row is whole blocks, so lossless
-            raw = raw.view(info.shape[0], -1)[rows].reshape(-1)
+            raw = raw.reshape(info.shape[0], -1)[rows].reshape(-1)
         return raw, info.ggml_type, info.shape
 
-    def vector(self, name: str) -> torch.Tensor:
+    def vector(self, name: str) -> np.ndarray:
+        """A norm weight, bias or factor table as float32 numpy."""
         raw, ggml_type, shape = self._part(name)
-        return dequantize(raw, ggml_type, shape)
+        return float_vector(raw if isinstance(raw, np.ndarray) else as_array(raw), ggml_type, shape)
 
-    def linear(self, *names: str, rows: Mapping[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    def linear(self, *names: str, rows: Mapping[str, np.ndarray] | None = None) -> Module:
         """One linear for one name; several names are fused along the output dimension."""
         key = "+".join(names)
         rows = rows or {}
@@ -87,13 +90,13 @@ class Weights:
                 raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
         return self._keep(key, names, make_fused_linear(parts, mode=self.mode))
 
-    def _keep(self, key: str, names, linear: torch.nn.Module) -> torch.nn.Module:
+    def _keep(self, key: str, names, linear: Module) -> Module:
         self._release(names)
         if self.cache is not None:
             self.cache.put(key, linear)
         return linear
 
-    def _quantized(self, name: str, rows: torch.Tensor | None) -> QuantizedWeight | None:
+    def _quantized(self, name: str, rows: np.ndarray | None) -> QuantizedWeight | None:
         find = getattr(self.source, "quantized", None)
         weight = find(name) if find is not None else None
         return weight.take_rows(rows) if weight is not None and rows is not None else weight
@@ -104,12 +107,12 @@ class Weights:
         if drop is not None:
             drop(list(names))
 
-    def bias(self, *names: str) -> torch.Tensor | None:
+    def bias(self, *names: str) -> np.ndarray | None:
         if not all(self.has(n) for n in names):
             return None
-        return torch.cat([self.vector(n) for n in names])
+        return np.concatenate([self.vector(n) for n in names])
 
-    def embedding(self, name: str, tied_head: torch.nn.Module | None = None) -> BlockEmbedding | QuantizedEmbedding:
+    def embedding(self, name: str, tied_head: Module | None = None) -> BlockEmbedding | QuantizedEmbedding:
         """The table `name`; where `tied_head` (the output head of the same tensor) holds it as a
         Q8R16 copy, the lookups read that copy: one table resident, not the copy and the file."""
         weight = self._quantized(name, None)

@@ -15,10 +15,12 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Callable, NamedTuple, Sequence
 
-import torch
-from torch import nn
+import numpy as np
 
 from edgellm import kernels
+from edgellm.extras import torch
+from edgellm.kernels.buffers import as_array
+from edgellm.module import Module
 from edgellm.quant.ggml import GGMLType
 
 # ggml type -> (weights, bytes) per block; I8 is edgellm's INT8 rows (scales kept apart)
@@ -37,16 +39,16 @@ def widens_q5_0() -> bool:
 
 
 class BlockPart(NamedTuple):
-    rows: torch.Tensor  # (N, row bytes) uint8: views of the file, or a copy (Q8R16, widened Q5_0)
+    rows: np.ndarray  # (N, row bytes) uint8: views of the file, or a copy (Q8R16, widened Q5_0)
     type: int  # ggml type number, or kernels.Q8R16
-    scale: torch.Tensor | None  # I8 only: (N,) bf16 per-row scales
+    scale: np.ndarray | None  # I8 only: (N,) bf16 per-row scales (uint16 bits)
     q5_0: bool = False  # Q8R16 blocks holding a widened Q5_0's values (-16..15): the int8 prompt GEMM takes them
 
 
 INTERLEAVE_CHUNK = 4096  # rows converted to Q8R16 at a time, their file pages dropped after each
 
 
-def _held(rows: torch.Tensor, ggml_type: int, k: int, drop_source) -> BlockPart:
+def _held(rows: np.ndarray, ggml_type: int, k: int, drop_source) -> BlockPart:
     """A part as the kernels read it best: Q5_0 widened to Q8_0 where that pays (widens_q5_0),
     Q8_0 interleaved into Q8R16."""
     q5_0 = ggml_type == GGMLType.Q5_0 and widens_q5_0()
@@ -54,7 +56,7 @@ def _held(rows: torch.Tensor, ggml_type: int, k: int, drop_source) -> BlockPart:
         rows, ggml_type, drop_source = kernels.q5_0_as_q8_0(rows), int(GGMLType.Q8_0), None  # a copy already
     if ggml_type != GGMLType.Q8_0 or rows.shape[0] % kernels.Q8R16_ROWS:
         return BlockPart(rows, ggml_type, None)
-    out = torch.empty_like(rows)
+    out = np.empty_like(rows)
     for start in range(0, rows.shape[0], INTERLEAVE_CHUNK):
         chunk = rows[start:start + INTERLEAVE_CHUNK]
         kernels.q8_0_as_q8r16(chunk, k, out=out[start:start + INTERLEAVE_CHUNK])
@@ -64,7 +66,7 @@ def _held(rows: torch.Tensor, ggml_type: int, k: int, drop_source) -> BlockPart:
 
 
 
-class BlockLinear(nn.Module):
+class BlockLinear(Module):
     """y = x @ W^T, W the stacked parts sharing K: GGUF (raw blocks, ggml type, (N, K)) weights.
 
     Q8_0 parts of whole groups of 16 rows are held in edgellm's Q8R16 layout (kernels/q8r16.c: the
@@ -73,21 +75,19 @@ class BlockLinear(nn.Module):
     15.7 -> 9.7 ms). `drop_source(view)`, where given, lets the file pages of each converted chunk
     go, so a 178 MB table is never resident twice."""
 
-    def __init__(self, parts: Sequence[tuple[torch.Tensor, int, tuple[int, int]]],
-                 drop_source: Callable[[torch.Tensor], None] | None = None):
-        super().__init__()
+    def __init__(self, parts: Sequence[tuple[np.ndarray, int, tuple[int, int]]],
+                 drop_source: Callable[[np.ndarray], None] | None = None):
         k = parts[0][2][1]
-        self._set_parts(k, [_held(raw.view(n, k // BLOCKS[t][0] * BLOCKS[t][1]), int(t), k, drop_source)
+        self._set_parts(k, [_held(as_array(raw).reshape(n, k // BLOCKS[t][0] * BLOCKS[t][1]), int(t), k, drop_source)
                             for raw, t, (n, _) in parts])
 
     @classmethod
     def from_int8(cls, weights: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> BlockLinear:
         """From (q int8 (N, K), scale (N,)) pairs of edgellm's INT8 scheme, stacked."""
         out = cls.__new__(cls)
-        nn.Module.__init__(out)
         k = weights[0][0].shape[1]
-        out._set_parts(k, [BlockPart(q.contiguous().view(torch.uint8), int(GGMLType.I8),
-                                     scale.to(torch.bfloat16).contiguous()) for q, scale in weights])
+        out._set_parts(k, [BlockPart(as_array(q.contiguous()).view(np.uint8), int(GGMLType.I8),
+                                     as_array(scale.to(torch.bfloat16).contiguous())) for q, scale in weights])
         return out
 
     def _set_parts(self, k: int, parts: list[BlockPart]) -> None:
@@ -106,7 +106,7 @@ class BlockLinear(nn.Module):
 
     @property
     def nbytes(self) -> int:
-        return sum(p.rows.numel() + (0 if p.scale is None else 2 * p.scale.numel()) for p in self.parts)
+        return sum(p.rows.nbytes + (0 if p.scale is None else p.scale.nbytes) for p in self.parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -172,6 +172,6 @@ class BlockLinear(nn.Module):
             row = end
         return w
 
-    def extra_repr(self) -> str:
+    def __repr__(self) -> str:
         names = "+".join("Q8R16" if t == kernels.Q8R16 else GGMLType(t).name for t in self.types)
-        return f"in={self.in_features}, out={self.out_features}, {names}"
+        return f"BlockLinear(in={self.in_features}, out={self.out_features}, {names})"

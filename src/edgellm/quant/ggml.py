@@ -11,7 +11,9 @@ import math
 from enum import IntEnum
 from typing import Callable
 
-import torch
+import numpy as np
+
+from edgellm.extras import torch
 
 __all__ = [
     "GGMLType",
@@ -151,12 +153,9 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 0xF, qs >> 4], dim=1)
 
 
-_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)
-
-
 def _bits_le(qh: torch.Tensor) -> torch.Tensor:
     """(B, n) bytes -> (B, 8n) bits; bit j of the little-endian integer at index j."""
-    bits = (qh.unsqueeze(-1) >> _BIT_SHIFTS) & 1  # (B, n, 8)
+    bits = (qh.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # (B, n, 8)
     return bits.reshape(qh.shape[0], -1)
 
 
@@ -235,14 +234,11 @@ def _dq_q4_k(b: torch.Tensor) -> torch.Tensor:
 def _dq_q5_k(b: torch.Tensor) -> torch.Tensor:
     sc, mn = _k_scales(b[:, 4:16])
     # Sub-block s (= 2c + nibble half) takes its fifth bit from bit s of qh[l].
-    high = (b[:, 16:48].unsqueeze(1) >> _BIT_SHIFTS.view(1, 8, 1)) & 1  # (B, 8, 32)
+    high = (b[:, 16:48].unsqueeze(1) >> torch.arange(8, dtype=torch.uint8).view(1, 8, 1)) & 1  # (B, 8, 32)
     q = _k_nibbles(b[:, 48:176]) | (high << 4)  # (B, 8, 32)
     scale = (_f16(b, 0) * sc.float()).unsqueeze(-1)
     mins = (_f16(b, 2) * mn.float()).unsqueeze(-1)
     return (scale * q.float() - mins).reshape(-1, QK_K)
-
-
-_Q6_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
 
 
 def _dq_q6_k(b: torch.Tensor) -> torch.Tensor:
@@ -253,7 +249,7 @@ def _dq_q6_k(b: torch.Tensor) -> torch.Tensor:
     ql = b[:, 0:128].reshape(n, 2, 2, 32)  # (B, half, A/B, 32)
     low4 = torch.cat([ql & 0xF, ql >> 4], dim=2)  # (B, 2, 4, 32)
     qh = b[:, 128:192].reshape(n, 2, 1, 32)
-    high2 = (qh >> _Q6_SHIFTS) & 3  # (B, 2, 4, 32)
+    high2 = (qh >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)) & 3  # (B, 2, 4, 32)
     q = (low4 | (high2 << 4)).to(torch.int8) - 32  # values -32..31
     sc = b[:, 192:208].view(torch.int8).reshape(n, 2, 4, 2, 1).float()
     d = _f16(b, 208).view(n, 1, 1, 1, 1)
@@ -273,11 +269,7 @@ _BLOCK_DECODERS: dict[GGMLType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.Q6_K: _dq_q6_k,
 }
 
-_FLOAT_TYPES: dict[GGMLType, torch.dtype] = {
-    GGMLType.F32: torch.float32,
-    GGMLType.F16: torch.float16,
-    GGMLType.BF16: torch.bfloat16,
-}
+_FLOAT_TYPES: dict[GGMLType, str] = {GGMLType.F32: "float32", GGMLType.F16: "float16", GGMLType.BF16: "bfloat16"}
 
 DEQUANT_TYPES = frozenset(_BLOCK_DECODERS) | frozenset(_FLOAT_TYPES)
 
@@ -323,10 +315,12 @@ def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...]) -> tor
     `raw` is never written to and the result never aliases it, so raw may be a
     view of a read-only memory map.
     """
+    if isinstance(raw, np.ndarray):  # a GGUF file's bytes
+        raw = torch.from_numpy(raw)
     t = _checked(raw, ggml_type, tuple(shape), DEQUANT_TYPES)
     if t in _FLOAT_TYPES:
         # copy=True so an F32 result never aliases the (read-only) source
-        values = _reinterpret(raw, _FLOAT_TYPES[t])
+        values = _reinterpret(raw, getattr(torch, _FLOAT_TYPES[t]))
         return values.to(torch.float32, copy=True).reshape(shape)
     block_elems, block_bytes = BLOCK_SIZES[t]
     blocks = raw.reshape(-1, block_bytes)  # (n_blocks, block_bytes)
@@ -336,6 +330,24 @@ def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...]) -> tor
     for start in range(0, blocks.shape[0], step):
         out[start : start + step] = decode(blocks[start : start + step])
     return out.reshape(shape)
+
+
+def float_vector(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+    """An F32 / F16 / BF16 tensor (norm weights, biases, RoPE factors) as a new float32 array, in
+    numpy; other types through dequantize."""
+    if ggml_type not in _FLOAT_TYPES or not isinstance(raw, np.ndarray):
+        return dequantize(raw, ggml_type, shape).numpy()
+    _checked_size(raw.size, ggml_type, shape)
+    if ggml_type == GGMLType.BF16:
+        bits = np.frombuffer(raw.tobytes(), dtype=np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(shape)
+    return np.frombuffer(raw.tobytes(), dtype=_FLOAT_TYPES[GGMLType(ggml_type)]).astype(np.float32).reshape(shape)
+
+
+def _checked_size(nbytes: int, ggml_type: int, shape: tuple[int, ...]) -> None:
+    expected = tensor_nbytes(ggml_type, math.prod(shape))
+    if nbytes != expected:
+        raise ValueError(f"{type_name(ggml_type)} tensor of shape {tuple(shape)} needs {expected} bytes, got {nbytes}")
 
 
 # Formats whose weights are small unsigned integers times a per-32 scale plus offset.

@@ -11,7 +11,7 @@ a group are consecutive rows too. The bytes equal PyTorch's AVX-512 INT4 packing
 where that exists), but nothing here depends on it."""
 from __future__ import annotations
 
-import torch
+from edgellm.extras import torch
 
 LAYOUT_VERSION = 1  # bump when the bytes change: packed-weight caches are keyed by it
 ROWS = 64

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+import numpy as np
 
 from edgellm import kernels
+from edgellm.extras import lazy, torch
+from edgellm.kernels.buffers import as_array
+from edgellm.module import Module
 
 from .ggml import AFFINE_BITS, INT4_GROUP, dequantize, type_name
 from .int4_pack import pack_int4, scale_zero_pairs
@@ -29,8 +30,11 @@ __all__ = [
 
 MODES = ("exact", "fast")
 
-# (raw bytes, ggml type, torch-order shape (N, K)) of one GGUF weight.
-WeightPart = tuple[torch.Tensor, int, tuple[int, int]]
+F = lazy("torch.nn.functional")
+
+# (raw bytes, ggml type, torch-order shape (N, K)) of one GGUF weight: a numpy view of a GGUF file, or a
+# tensor (safetensors files).
+WeightPart = tuple[np.ndarray, int, tuple[int, int]]
 
 # Row chunk for packing: a multiple of the layout's 64-row blocks, so packing chunks and
 # concatenating equals packing the whole matrix, without an int32 copy of all of q at once.
@@ -46,15 +50,15 @@ def fast_dtype() -> torch.dtype:
     return kernels.compute_dtype()
 
 
-class DenseLinear(nn.Module):
-    """y = x @ W.T with W stored in compute_dtype; x is cast to it for the matmul."""
+class DenseLinear(Module):
+    """y = x @ W.T with W stored in compute_dtype; x is cast to it for the matmul (on PyTorch: weights
+    no native kernel reads, and exact mode's fp32 reference)."""
 
-    def __init__(self, weight: torch.Tensor, compute_dtype: torch.dtype = torch.float32):
-        super().__init__()
+    def __init__(self, weight: torch.Tensor, compute_dtype: torch.dtype | None = None):
         if weight.dim() != 2:
             raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
-        self.compute_dtype = compute_dtype
-        self.register_buffer("weight", weight.to(compute_dtype).contiguous())  # (N, K)
+        self.compute_dtype = compute_dtype or torch.float32
+        self.weight = weight.to(self.compute_dtype).contiguous()  # (N, K)
 
     @property
     def in_features(self) -> int:
@@ -71,11 +75,11 @@ class DenseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.compute_dtype), self.weight)
 
-    def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, dtype={self.compute_dtype}"
+    def __repr__(self) -> str:
+        return f"DenseLinear(in={self.in_features}, out={self.out_features}, dtype={self.compute_dtype})"
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(Module):
     """4-bit weight linear in edgellm's I4R64 layout (quant/int4_pack.py), on the native kernels.
 
     Weight w[n, k] = (q[n, k] - 8) * scale[n, k // group] + zero[n, k // group] (group 32 for
@@ -87,18 +91,19 @@ class Int4Linear(nn.Module):
 
     Up to kernels.MAX_ROWS activation rows (decode) go to the INT4 GEMV and come out fp32; from
     UNPACK_ROWS on, the weight is unpacked into a scratch of the compute dtype for PyTorch's GEMM.
+    `packed` (N, planes * K / 2) uint8 and `scale_zero` (planes * K / group, N, 2) bf16 bits (uint16)
+    are numpy arrays.
     """
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int = 1,
                  group: int = INT4_GROUP):
-        super().__init__()
         n, k = _check_int4_parts(q, scale, zero, group)
         if k % planes:
             raise ValueError(f"K = {k} does not split into {planes} planes")
         self.planes, self.group = planes, group
         self.in_features, self.out_features = k // planes, n
-        self.register_buffer("packed", _pack_rows(q))  # (N, K // 2) uint8
-        self.register_buffer("scale_zero", scale_zero_pairs(scale, zero))  # (K // group, N, 2) bf16
+        self.packed = as_array(_pack_rows(q))  # (N, K // 2) uint8
+        self.scale_zero = as_array(scale_zero_pairs(scale, zero))  # (K // group, N, 2) bf16 bits
 
     @classmethod
     def from_affine(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> Int4Linear:
@@ -119,10 +124,9 @@ class Int4Linear(nn.Module):
     def empty(cls, n: int, k: int, planes: int, group: int = INT4_GROUP) -> Int4Linear:
         """An (n, k) layer with uninitialized weights, to be filled (kernels.i4r64_from_blocks)."""
         out = cls.__new__(cls)
-        nn.Module.__init__(out)
         out.planes, out.group, out.in_features, out.out_features = planes, group, k, n
-        out.register_buffer("packed", torch.empty(n, planes * k // 2, dtype=torch.uint8))
-        out.register_buffer("scale_zero", torch.empty(planes * k // group, n, 2, dtype=torch.bfloat16))
+        out.packed = np.empty((n, planes * k // 2), dtype=np.uint8)
+        out.scale_zero = np.empty((planes * k // group, n, 2), dtype=np.uint16)
         return out
 
     @staticmethod
@@ -132,7 +136,7 @@ class Int4Linear(nn.Module):
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale_zero))
+        return self.packed.nbytes + self.scale_zero.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -160,8 +164,8 @@ class Int4Linear(nn.Module):
                 for start in range(0, n, step)]
         return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).reshape(*lead, n)
 
-    def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={self.group}, planes={self.planes}"
+    def __repr__(self) -> str:
+        return f"Int4Linear(in={self.in_features}, out={self.out_features}, group={self.group}, planes={self.planes})"
 
 
 def _check_int4_parts(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> tuple[int, int]:
@@ -195,7 +199,7 @@ def _check_part(part: WeightPart) -> tuple[int, int]:
     return shape
 
 
-def make_linear(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int], mode: str) -> nn.Module:
+def make_linear(raw: np.ndarray, ggml_type: int, shape: tuple[int, int], mode: str) -> Module:
     """Linear layer for one GGML weight of torch-order shape (N, K).
 
     "exact": fp32 dense of the dequantized weight. "fast": packed INT4 for
@@ -205,7 +209,7 @@ def make_linear(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int], mode:
     return make_fused_linear([(raw, ggml_type, shape)], mode)
 
 
-def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
+def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> Module:
     """One linear whose output is the concatenation of the parts' outputs.
 
     Used to fuse Q/K/V or gate/up projections: all parts share K and are stacked
@@ -229,7 +233,7 @@ def make_fused_linear(parts: Sequence[WeightPart], mode: str) -> nn.Module:
     if use_int4:
         module = _fused_int4(parts)
     else:
-        module = _fused_dense(parts, torch.float32 if mode == "exact" else fast_dtype())
+        module = _fused_dense(parts, torch.float32 if mode == "exact" else fast_dtype())  # on PyTorch
     module.out_splits = [s[0] for s in shapes]
     return module
 

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-from torch import nn
-
 from edgellm import kernels
+from edgellm.extras import torch
+from edgellm.module import Module
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.linear import DenseLinear, Int4Linear, fast_dtype
 from edgellm.quant.schemes import QuantizedWeight
 
 
-class ConcatLinear(nn.Module):
+class ConcatLinear(Module):
     """Several linears over the same input whose outputs are concatenated."""
 
-    def __init__(self, parts: Sequence[nn.Module]):
-        super().__init__()
-        self.parts = nn.ModuleList(parts)
+    def __init__(self, parts: Sequence[Module]):
+        self.parts = list(parts)
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
 
@@ -33,10 +31,10 @@ class ConcatLinear(nn.Module):
         return torch.cat([o.to(dtype) for o in outs], dim=-1)
 
 
-def make_quantized_linear(parts: Sequence[QuantizedWeight], mode: str) -> nn.Module:
+def make_quantized_linear(parts: Sequence[QuantizedWeight], mode: str) -> Module:
     """One linear for parts stacked along N; `out_splits` lists each part's N."""
     if mode == "exact":
-        module: nn.Module = DenseLinear(torch.cat([p.dequantize() for p in parts]), torch.float32)
+        module: Module = DenseLinear(torch.cat([p.dequantize() for p in parts]), torch.float32)
     elif len({p.scheme for p in parts}) == 1:
         module = _one_kernel(parts)
     else:
@@ -45,13 +43,13 @@ def make_quantized_linear(parts: Sequence[QuantizedWeight], mode: str) -> nn.Mod
     return module
 
 
-def concat_linears(linears: Sequence[nn.Module]) -> nn.Module:
+def concat_linears(linears: Sequence[Module]) -> Module:
     module = ConcatLinear(linears)
     module.out_splits = [p.out_features for p in linears]
     return module
 
 
-def _one_kernel(parts: Sequence[QuantizedWeight]) -> nn.Module:
+def _one_kernel(parts: Sequence[QuantizedWeight]) -> Module:
     scheme = parts[0].scheme
     cat = lambda ts: ts[0] if len(ts) == 1 else torch.cat(ts)  # noqa: E731
     n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
@@ -66,12 +64,11 @@ def _one_kernel(parts: Sequence[QuantizedWeight]) -> nn.Module:
     return Int4Linear(q, scale, zero, group=scheme.group)
 
 
-class QuantizedEmbedding(nn.Module):
+class QuantizedEmbedding(Module):
     """Embedding rows looked up from a QuantizedWeight (the file's mapped bytes); only the
     rows asked for are dequantized."""
 
     def __init__(self, weight: QuantizedWeight):
-        super().__init__()
         self.weight = weight
         self.num_embeddings, self.dim = weight.shape
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import torch
+from edgellm.extras import torch
 
 GROUPS = (32, 64, 128)
-FLOAT_SCHEMES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+FLOAT_SCHEMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}  # PyTorch's dtype names
 _INT4 = re.compile(r"^int4-g(\d+)(?:-(sym|asym))?$")
 
 
