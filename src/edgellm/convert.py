@@ -72,7 +72,7 @@ def _merged(adapter) -> dict[str, torch.Tensor]:
         return {}
     deltas = {}
     for (layer, part), pair in adapter.pairs.items():
-        a, b_t = pair.dense()
+        a, b_t = (torch.as_tensor(t) for t in pair.dense())
         deltas[f"model.layers.{layer}.{HF_MODULES[part]}.weight"] = adapter.scale * (b_t.T @ a)
     return deltas
 

@@ -14,13 +14,21 @@ import types
 from edgellm.errors import EdgeLLMError
 
 INSTALL_TOOLS = "pip install 'edgellm[tools]'"
+TOOLS_MODULES = ("torch", "rich", "safetensors")  # what the tools extra installs
 
 
 class ToolsNeeded(EdgeLLMError, ImportError):
-    """What was asked for runs on PyTorch, which is not installed (the `tools` extra)."""
+    """What was asked for runs on the `tools` extra (PyTorch and what only tools use), not installed."""
 
     def __init__(self, module: str):
-        super().__init__(f"this needs PyTorch ({module} is not installed): {INSTALL_TOOLS}")
+        what = "PyTorch" if module == "torch" else module
+        super().__init__(f"this needs {what}, which is not installed (the tools extra): {INSTALL_TOOLS}")
+
+    @classmethod
+    def of(cls, error: ModuleNotFoundError) -> ToolsNeeded | None:
+        """The tools extra's missing module behind an import error, else None."""
+        name = (error.name or "").split(".")[0]
+        return cls(name) if name in TOOLS_MODULES else None
 
 
 class _Lazy(types.ModuleType):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from edgellm.extras import ToolsNeeded, has_torch
 from edgellm.formats import open_model
 from edgellm.formats.gguf import GGUFFile
 from edgellm.kv import KVConfig
@@ -31,6 +32,8 @@ def load(name_or_path: str | Path = "smollm2-135m", *, mode: str = "fast", threa
     `draft` (a name, path or loaded Model with the same vocabulary) is the draft model.
     `lora`: adapters made resident at once, name -> path or (path, scale); a memory budget
     pays for them first."""
+    if mode == "exact" and not has_torch():  # the reference runs on PyTorch: say so before loading anything
+        raise ToolsNeeded("torch")
     configure_threads(threads)
     return_large_frees_to_os()
     source = open_model(resolve(name_or_path))

@@ -81,9 +81,10 @@ _settled_fully = False
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while torch is imported and a model built: ~300k objects
-    that live as long as the process, and every collection pass on the way walks all those
-    made before it (0.3 s of SmolLM2's 1.4 s load). Nested and concurrent loads share one
+    """Python's cycle collector off while a model is built (and torch imported, where a path needs
+    it): objects that live as long as the process (~40k without torch, ~300k with it), and every
+    collection pass on the way walks all those made before it (0.3 s of SmolLM2's 1.4 s load when
+    torch was imported by every load). Nested and concurrent loads share one
     pause; the collector's state before the first is restored after the last.
 
     Where the collector comes back on, the objects the pause made are collected at once
@@ -106,7 +107,7 @@ def collector_paused() -> Iterator[None]:
 
 def _settle() -> None:
     """Collect what a pause made: the first time in a process fully, later young generations only.
-    The first pause ends with torch's ~170k objects waiting for a full collection, which, left to
+    The first pause may end with torch's ~170k objects waiting for a full collection, which, left to
     itself, walks them inside some later request (~90 ms in the second 500-token prefill after a
     SmolLM2 load on a Zen 5). Later loads add 6-16k objects, not a full collection's worth; a full one
     at each would walk everything again per load in a long-lived process (a test run, hot swaps)."""
@@ -119,7 +120,7 @@ def _settle() -> None:
 
 def keep_out_of_collections() -> None:
     """For a process that keeps its model for life (the CLI's commands, `edgellm serve`): every
-    object so far (~300k: torch, edgellm, the model) goes to the collector's permanent generation,
+    object so far (~40k: edgellm and the model; ~300k with torch) goes to the collector's permanent generation,
     which it never scans (gc.freeze). Otherwise the first collection after a load scans them all
     (~100 ms, inside the first request) and every full collection after it again. Not for a
     library's callers: a model dropped later would never be collected."""

@@ -35,7 +35,7 @@ class _PagedCache:
         self.parts = []
         for which, c in enumerate(self.codecs):
             shapes = c.part_shapes(dim)  # the stored dtypes (a float codec's encode leaves fp32)
-            self.parts.append({n: t.to(shapes[n][1]) for n, t in c.encode(x[which]).items()})
+            self.parts.append({n: t.to(getattr(torch, shapes[n][1])) for n, t in c.encode(x[which]).items()})
             if written is not None:
                 for t in self.parts[-1].values():
                     if t.is_floating_point():

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,7 +54,7 @@ def test_a_peft_folder_reads_as_its_pairs_and_scale(base, tmp_path):
     assert adapter.rank == 4 and adapter.scale == 2.0 and adapter.projections == PROJECTIONS
     assert len(adapter.pairs) == LAYERS * len(PROJECTIONS)
     lora_a = adapted.base_model.model.model.layers[1].self_attn.k_proj.lora_A["default"].weight
-    assert torch.equal(adapter.pairs[1, "k"].a, lora_a.detach())
+    assert torch.equal(torch.from_numpy(adapter.pairs[1, "k"].a), lora_a.detach())
     _peft_adapter(hf_model("llama", weights), tmp_path / "rs", rank=4, alpha=8, rslora=True)
     rs = load_adapter(tmp_path / "rs", config)
     assert rs.scale == pytest.approx(8 / 2)  # rsLoRA: alpha / sqrt(rank)
@@ -74,7 +75,7 @@ def test_llama_cpps_gguf_lora_reads_as_the_same_pairs(base, tmp_path):
     peft_pairs, gguf = load_adapter(tmp_path / "a", config), load_adapter(out, config)
     assert gguf.scale == peft_pairs.scale and set(gguf.pairs) == set(peft_pairs.pairs)
     for key, pair in peft_pairs.pairs.items():  # q and k come back in Hugging Face's row order
-        assert torch.allclose(gguf.pairs[key].a, pair.a) and torch.allclose(gguf.pairs[key].b, pair.b), key
+        assert np.allclose(gguf.pairs[key].a, pair.a) and np.allclose(gguf.pairs[key].b, pair.b), key
 
 
 def test_adapters_that_do_not_fit_are_typed_errors(base, tmp_path):
@@ -93,7 +94,7 @@ def test_adapters_that_do_not_fit_are_typed_errors(base, tmp_path):
 
     weights_file = tmp_path / "a" / "adapter_model.safetensors"
     weights_file.write_bytes(weights_file.read_bytes()[:1000])
-    with pytest.raises(ModelFormatError, match="cannot read"):
+    with pytest.raises(ModelFormatError, match="adapter_model.safetensors: header length"):
         load_adapter(tmp_path / "a", config)
 
     import peft

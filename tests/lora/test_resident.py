@@ -135,7 +135,7 @@ def test_the_planner_counts_an_exact_mode_adapter_in_fp32(model, adapters):
     from edgellm.lora.adapter import load_adapter, resident_bytes
 
     for path in adapters.values():
-        held = load_adapter(path, model.config, "x", 1.0, torch.float32).nbytes
+        held = load_adapter(path, model.config, "x", 1.0, "float32").nbytes
         assert resident_bytes(path, "exact") == held
         assert resident_bytes(path, "fast") < held / 3
 

@@ -9,6 +9,7 @@ from typing import Sequence
 from edgellm.cli import lora, quant, tasks
 from edgellm.cli.generate import cmd_chat, cmd_run
 from edgellm.cli.tools import cmd_bench, cmd_info, cmd_plan, cmd_serve, int_list
+from edgellm.extras import ToolsNeeded
 from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
                             UnsupportedModel)
 from edgellm.registry import DEFAULT_MODEL, REGISTRY
@@ -16,7 +17,7 @@ from edgellm.registry import DEFAULT_MODEL, REGISTRY
 # One place maps error types to exit codes (argparse itself exits 2 on bad flags).
 EXIT_CODES: list[tuple[type[Exception], int]] = [
     (InvalidRequest, 2), (ModelNotFound, 3), (ModelFormatError, 4), (UnsupportedModel, 5), (OutOfMemoryBudget, 6),
-    (EdgeLLMError, 1),
+    (ToolsNeeded, 7), (EdgeLLMError, 1),
 ]
 
 
@@ -165,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - translated below, re-raised if not ours
+        if isinstance(error, ModuleNotFoundError) and ToolsNeeded.of(error) is not None:
+            error = ToolsNeeded.of(error)
         code = _exit_code(error)
         if code is None:
             raise

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
+import numpy as np
+
 from edgellm.extras import torch
 
 from edgellm.kernels.buffers import address
@@ -95,18 +97,18 @@ def linears(block) -> list:
 
 
 def describe_adapter(adapter, n_layers: int) -> tuple[ctypes.Array, list[int]] | None:
-    """An adapter as one LoraLayer per layer (pointing into its int8 tensors and scales) and
+    """An adapter as one LoraLayer per layer (pointing into its int8 arrays and scales) and
     their addresses; None where the C layers cannot read it."""
     vector = 16  # the widest ISA's floats per vector: every length a multiple of it
     for pair in adapter.pairs.values():  # int8 pairs are in lora_ops.h's layout (LoRAPair.stored_as)
-        if pair.a.dtype != torch.int8 or pair.rank > MAX_LORA_RANK or pair.in_features % vector \
-                or pair.out_features % vector:
+        if not isinstance(pair.a, np.ndarray) or pair.a.dtype != np.int8 or pair.rank > MAX_LORA_RANK \
+                or pair.in_features % vector or pair.out_features % vector:
             return None
     layers = (LoraLayer * n_layers)()
     for (i, part), pair in adapter.pairs.items():
         if i < n_layers:
-            layers[i].part[LORA_PARTS.index(part)] = LoraPair(pair.a.data_ptr(), pair.b_t.data_ptr(),
-                                                                 pair.a_scale.data_ptr(), pair.b_scale.data_ptr(),
+            layers[i].part[LORA_PARTS.index(part)] = LoraPair(address(pair.a), address(pair.b_t),
+                                                                 address(pair.a_scale), address(pair.b_scale),
                                                                  pair.rank, adapter.scale)
     size = ctypes.sizeof(LoraLayer)
     return layers, [ctypes.addressof(layers) + i * size for i in range(n_layers)]

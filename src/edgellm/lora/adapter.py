@@ -6,7 +6,10 @@ convert_lora_to_gguf.py writes). Either becomes an `Adapter`: per (layer, projec
 low-rank pair A (r x in) and B (out x r, kept transposed: B^T (r x out)) in Hugging Face's row
 order, and the scale s, so a projection computes y = W x + s B (A x). Anything that does not fit the base (a module the
 base lacks, shapes of another model, a rank other than the config's) is an AdapterMismatch
-naming it."""
+naming it.
+
+Pairs are numpy arrays (read without PyTorch; the native layers read the int8 ones in place); a
+pair being trained holds tensors (lora/train.py), and the PyTorch layers view either as tensors.""" 
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgellm.extras import torch
+import numpy as np
 
 from edgellm.errors import AdapterMismatch, ModelFormatError
 
@@ -36,52 +39,55 @@ class LoRAPair:
     """A (rank, in) and B^T (rank, out) as float matrices; or, in fast mode, as int8 rows with an
     fp32 scale each (row r of A is a[r] * a_scale[r]) laid out as kernels/lora_ops.h reads them
     (flat: A in interleaved groups of 4 rows, B^T in tiles of 64 columns)."""
-    a: torch.Tensor
-    b_t: torch.Tensor
-    a_scale: torch.Tensor | None = None
-    b_scale: torch.Tensor | None = None
+    a: np.ndarray
+    b_t: np.ndarray
+    a_scale: np.ndarray | None = None
+    b_scale: np.ndarray | None = None
 
     @property
     def rank(self) -> int:
-        return self.a.shape[0] if self.a_scale is None else self.a_scale.numel()
+        return self.a.shape[0] if self.a_scale is None else len(self.a_scale)
 
     @property
     def in_features(self) -> int:
-        return self.a.numel() // self.rank
+        return math.prod(self.a.shape) // self.rank
 
     @property
     def out_features(self) -> int:
-        return self.b_t.numel() // self.rank
+        return math.prod(self.b_t.shape) // self.rank
 
     @property
-    def b(self) -> torch.Tensor:
+    def b(self):
         return self.dense()[1].T
 
-    def dense(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A and B^T in fp32."""
+    def dense(self) -> tuple:
+        """A and B^T in fp32 (numpy; a pair being trained: its tensors)."""
         if self.a_scale is None:
-            return self.a.float(), self.b_t.float()
+            if not isinstance(self.a, np.ndarray):
+                return self.a.float(), self.b_t.float()
+            return self.a.astype(np.float32, copy=False), self.b_t.astype(np.float32, copy=False)
         a = _unpack_a(self.a, self.rank, self.in_features)
         b_t = _unpack_b_t(self.b_t, self.rank, self.out_features)
-        return a.float() * self.a_scale[:, None], b_t.float() * self.b_scale[:, None]
+        return a.astype(np.float32) * self.a_scale[:, None], b_t.astype(np.float32) * self.b_scale[:, None]
 
-    def stored_as(self, dtype: torch.dtype) -> LoRAPair:
-        """This pair in `dtype`; torch.int8: symmetric rows, one fp32 scale each (the LoRA
-        product's error stays ~0.4 % of its own size), in the native kernel's layout."""
+    def stored_as(self, dtype: str) -> LoRAPair:
+        """This pair in `dtype` ("float32" or "int8"); int8: symmetric rows, one fp32 scale each (the
+        LoRA product's error stays ~0.4 % of its own size), in the native kernel's layout."""
         a, b_t = self.dense()
-        if dtype != torch.int8 or a.shape[1] % _CHUNK:  # the native layout needs whole chunks: fp32 then
-            return LoRAPair(a.to(dtype).contiguous(), b_t.to(dtype).contiguous())
+        if dtype != "int8" or a.shape[1] % _CHUNK:  # the native layout needs whole chunks: fp32 then
+            return LoRAPair(np.ascontiguousarray(a, dtype=np.float32), np.ascontiguousarray(b_t, dtype=np.float32))
         (qa, sa), (qb, sb) = _int8_rows(a), _int8_rows(b_t)
         return LoRAPair(pack_a(qa), pack_b_t(qb), sa, sb)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.a, self.b_t, self.a_scale, self.b_scale) if t is not None)
+        return sum(t.nbytes for t in (self.a, self.b_t, self.a_scale, self.b_scale) if t is not None)
 
 
-def _int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = x.abs().amax(dim=1).clamp_min(1e-30) / 127
-    return (x / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scale.float().contiguous()
+def _int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scale = np.maximum(np.abs(x).max(axis=1), np.float32(1e-30)) / np.float32(127)
+    q = np.clip(np.round(x / scale[:, None]), -127, 127).astype(np.int8)
+    return np.ascontiguousarray(q), np.ascontiguousarray(scale, dtype=np.float32)
 
 
 # lora_ops.h's layout: the rows a job reads together lie in one contiguous run (short rows read
@@ -89,29 +95,29 @@ def _int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _RANKS, _CHUNK, _COLUMNS = 4, 16, 64  # LORA_RANKS, LORA_CHUNK, LORA_COLUMNS
 
 
-def pack_a(a: torch.Tensor) -> torch.Tensor:
+def pack_a(a: np.ndarray) -> np.ndarray:
     """A (rank, in) as groups of 4 rows, each (in / 16, 4, 16); the rows after the last whole group plain."""
     rank, n = a.shape
     whole = rank // _RANKS * _RANKS
-    groups = a[:whole].reshape(-1, _RANKS, n // _CHUNK, _CHUNK).transpose(1, 2)
-    return torch.cat([groups.reshape(-1), a[whole:].reshape(-1)]).contiguous()
+    groups = a[:whole].reshape(-1, _RANKS, n // _CHUNK, _CHUNK).transpose(0, 2, 1, 3)
+    return np.concatenate([groups.reshape(-1), a[whole:].reshape(-1)])
 
 
-def _unpack_a(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
+def _unpack_a(flat: np.ndarray, rank: int, n: int) -> np.ndarray:
     whole = rank // _RANKS * _RANKS
-    groups = flat[:whole * n].reshape(-1, n // _CHUNK, _RANKS, _CHUNK).transpose(1, 2).reshape(whole, n)
-    return torch.cat([groups, flat[whole * n:].reshape(-1, n)])
+    groups = flat[:whole * n].reshape(-1, n // _CHUNK, _RANKS, _CHUNK).transpose(0, 2, 1, 3).reshape(whole, n)
+    return np.concatenate([groups, flat[whole * n:].reshape(-1, n)])
 
 
-def pack_b_t(b_t: torch.Tensor) -> torch.Tensor:
+def pack_b_t(b_t: np.ndarray) -> np.ndarray:
     """B^T (rank, out) as tiles of 64 columns (the last may be narrower), each (rank, columns)."""
-    return torch.cat([b_t[:, c:c + _COLUMNS].reshape(-1) for c in range(0, b_t.shape[1], _COLUMNS)]).contiguous()
+    return np.concatenate([b_t[:, c:c + _COLUMNS].reshape(-1) for c in range(0, b_t.shape[1], _COLUMNS)])
 
 
-def _unpack_b_t(flat: torch.Tensor, rank: int, out: int) -> torch.Tensor:
+def _unpack_b_t(flat: np.ndarray, rank: int, out: int) -> np.ndarray:
     whole = out // _COLUMNS * _COLUMNS  # the full tiles in one view, then the narrower last one
-    tiles = flat[:rank * whole].reshape(-1, rank, _COLUMNS).transpose(0, 1).reshape(rank, whole)
-    return torch.cat([tiles, flat[rank * whole:].reshape(rank, out - whole)], dim=1)
+    tiles = flat[:rank * whole].reshape(-1, rank, _COLUMNS).transpose(1, 0, 2).reshape(rank, whole)
+    return np.concatenate([tiles, flat[rank * whole:].reshape(rank, out - whole)], axis=1)
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a resident adapter is one object
@@ -142,9 +148,9 @@ def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
 
 
 def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: float = 1.0,
-                 dtype: torch.dtype | None = None) -> Adapter:
+                 dtype: str = "float32") -> Adapter:
     """The adapter at `path` (a PEFT folder or a GGUF LoRA file), checked against the base
-    model's `config`, its pairs in `dtype` (torch.int8 for the native kernels), its scale times `scale`."""
+    model's `config`, its pairs in `dtype` ("int8" for the native kernels), its scale times `scale`."""
     path = Path(path)
     if path.is_dir():
         rank, alpha_scale, pairs = _read_peft(path)
@@ -153,7 +159,7 @@ def load_adapter(path: str | Path, config: Any, name: str | None = None, scale: 
     else:
         raise ModelFormatError(path, "no LoRA adapter here (a PEFT folder or a GGUF LoRA file)")
     _check(path, pairs, rank, config)
-    pairs = {key: p.stored_as(dtype or torch.float32) for key, p in pairs.items()}
+    pairs = {key: p.stored_as(dtype) for key, p in pairs.items()}
     widths = {p: out for p, (out, _) in projection_shapes(config).items()}
     s = alpha_scale * scale
     return Adapter(name or path.stem, path, rank, s, pairs, widths, _digest(pairs, s))
@@ -165,13 +171,10 @@ def resident_bytes(path: str | Path, mode: str = "fast") -> int:
     planner, before anything loads."""
     path = Path(path)
     if path.is_dir():
-        from safetensors import safe_open
+        from edgellm.formats.safetensors import SafetensorsFile
 
-        try:
-            with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
-                shapes = [f.get_slice(k).get_shape() for k in f.keys()]
-        except Exception as error:  # safetensors' own errors for missing or corrupt files
-            raise ModelFormatError(path, f"cannot read adapter_model.safetensors: {error}") from None
+        with SafetensorsFile(path / "adapter_model.safetensors") as f:
+            shapes = [e.shape for e in f.entries.values()]
     elif path.is_file():
         from edgellm.formats.gguf import GGUFFile
 
@@ -190,12 +193,12 @@ def _digest(pairs: dict[tuple[int, str], LoRAPair], scale: float) -> str:
         h.update(repr(key).encode())
         for t in (pairs[key].a, pairs[key].b_t, pairs[key].a_scale, pairs[key].b_scale):
             if t is not None:
-                h.update(t.view(torch.uint8).numpy())
+                h.update(np.ascontiguousarray(t).view(np.uint8))
     return h.hexdigest()[:16]
 
 
 def _read_peft(folder: Path) -> tuple[int, float, dict]:
-    from safetensors.torch import load_file
+    from edgellm.formats.safetensors import SafetensorsFile
 
     try:
         config = json.loads((folder / "adapter_config.json").read_text())
@@ -206,18 +209,16 @@ def _read_peft(folder: Path) -> tuple[int, float, dict]:
         raise ModelFormatError(folder, f"not a LoRA adapter (peft_type {config.get('peft_type')!r})")
     if config.get("use_dora"):
         raise ModelFormatError(folder, "DoRA adapters are not supported (use_dora)")
-    try:
-        tensors = load_file(str(folder / "adapter_model.safetensors"))
-    except Exception as error:  # safetensors raises its own errors for truncated or corrupt files
-        raise ModelFormatError(folder / "adapter_model.safetensors", f"cannot read: {error}") from None
-    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    with SafetensorsFile(folder / "adapter_model.safetensors") as f:
+        tensors = {key: _floats(f, key) for key in f.entries}
+    halves: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key, tensor in tensors.items():
         match = _PEFT_KEY.match(key)
         if match is None or match.group(2) not in _PEFT_NAMES:
             raise AdapterMismatch(f"{folder}: tensor {key!r} targets no projection edgellm applies adapters to "
                                   f"({', '.join(_PEFT_NAMES)})")
         layer, module, half = int(match.group(1)), _PEFT_NAMES[match.group(2)], match.group(3)
-        halves.setdefault((layer, module), {})[half] = tensor.float()
+        halves.setdefault((layer, module), {})[half] = tensor
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     return rank, scale, _pairs(folder, halves, "A", "B")
 
@@ -225,18 +226,18 @@ def _read_peft(folder: Path) -> tuple[int, float, dict]:
 def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
     from edgellm.formats.gguf import GGUFFile
     from edgellm.formats.hf_names import PERMUTED_QK, unpermute_rows
-    from edgellm.quant.ggml import dequantize
+    from edgellm.quant.ggml import float_vector
 
     with GGUFFile(path) as gguf:
         meta = gguf.metadata
         if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
             raise ModelFormatError(path, "not a GGUF LoRA adapter (general.type / adapter.type)")
-        halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        halves: dict[tuple[int, str], dict[str, np.ndarray]] = {}
         for key, info in gguf.tensors.items():
             match = _GGUF_KEY.match(key)
             if match is None or match.group(2) not in _GGUF_NAMES:
                 raise AdapterMismatch(f"{path}: tensor {key!r} targets no projection edgellm applies adapters to")
-            tensor = dequantize(gguf.raw(key), info.ggml_type, info.shape).float().clone()
+            tensor = float_vector(gguf.raw(key), info.ggml_type, info.shape)  # a copy, fp32
             halves.setdefault((int(match.group(1)), _GGUF_NAMES[match.group(2)]), {})[match.group(3)] = tensor
         alpha = float(meta.get("adapter.lora.alpha", 0.0))
         architecture = meta.get("general.architecture")
@@ -250,14 +251,24 @@ def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
     return rank, (alpha / rank if alpha and rank else 1.0), pairs
 
 
+def _floats(f, name: str) -> np.ndarray:
+    """A safetensors file's float tensor as a new fp32 array."""
+    from edgellm.quant.ggml import float_vector
+
+    info = f.entries[name].as_float_info(name)
+    if info is None:
+        raise ModelFormatError(f.path, f"tensor {name!r} is {f.entries[name].dtype}, not a float LoRA matrix")
+    return float_vector(f.view(info.offset, info.nbytes), info.ggml_type, info.shape)
+
+
 def _pairs(where: Path, halves: dict, a: str, b: str) -> dict[tuple[int, str], LoRAPair]:
     pairs = {}
     for key, parts in halves.items():
         if set(parts) != {a, b}:
             raise AdapterMismatch(f"{where}: layer {key[0]} {key[1]} has only lora_{next(iter(parts))}")
-        if any(t.dim() != 2 for t in parts.values()):
+        if any(t.ndim != 2 for t in parts.values()):
             raise AdapterMismatch(f"{where}: layer {key[0]} {key[1]}: LoRA tensors must be matrices")
-        pairs[key] = LoRAPair(parts[a], parts[b].T)
+        pairs[key] = LoRAPair(parts[a], np.ascontiguousarray(parts[b].T))
     if not pairs:
         raise AdapterMismatch(f"{where}: the adapter holds no LoRA tensors")
     return pairs

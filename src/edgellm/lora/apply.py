@@ -52,7 +52,7 @@ class LayerAdapters:
             for part in parts:
                 width, pair = adapter.widths[part], adapter.pairs.get((self.i, part))
                 if pair is not None:
-                    a, b_t = pair.dense()
+                    a, b_t = (torch.as_tensor(t) for t in pair.dense())  # numpy pairs viewed, training tensors as they are
                     delta = adapter.scale * ((xs @ a.T) @ b_t)
                     y[rows, :, offset:offset + width] += delta.to(y.dtype)
                 offset += width

@@ -7,7 +7,6 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from edgellm.extras import torch
 
 from edgellm.errors import InvalidRequest, ModelNotFound
 from edgellm.lora.adapter import Adapter, load_adapter
@@ -18,7 +17,7 @@ class AdapterSet:
     time (those the budget was planned with come in with charge=False)."""
 
     def __init__(self, config: Any, dtype: str, kv=None):
-        # PyTorch's name for the pairs' dtype: int8 in fast mode (the native layers read it), float32 in exact
+        # the pairs' dtype: int8 in fast mode (the native layers read it), float32 in exact
         self.config, self.dtype, self.kv = config, dtype, kv
         self._by_name: dict[str, Adapter] = {}
         self._charged: dict[str, int] = {}  # bytes lent by the KV budget, per name
@@ -34,7 +33,7 @@ class AdapterSet:
             raise InvalidRequest(f"an adapter name must be non-empty without ':' or '/', got {name!r}")
         if not 0.0 <= scale <= 100.0:
             raise InvalidRequest(f"an adapter scale must be in [0, 100], got {scale}")
-        adapter = load_adapter(path, self.config, name, scale, getattr(torch, self.dtype))  # outside the lock: may take a while
+        adapter = load_adapter(path, self.config, name, scale, self.dtype)  # outside the lock: may take a while
         with self._lock:
             lent = adapter.nbytes if charge and self.kv is not None else 0
             held = self._charged.get(name, 0)  # a replaced adapter's bytes pay for its successor first

@@ -152,9 +152,7 @@ class LoRATrainer:
         if model.net.mode != "exact":
             raise InvalidRequest("training runs on a model loaded with mode='exact' (fp32 values of its weights)")
         config.check()
-        self.model, self.config, self.net = model, config, model.net
-        for p in self.net.parameters():
-            p.requires_grad_(False)
+        self.model, self.config, self.net = model, config, model.net  # its weights are plain buffers: frozen
         torch.manual_seed(config.seed)
         shapes = projection_shapes(model.config)
         self.params: dict[tuple[int, str], tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}

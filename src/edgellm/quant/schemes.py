@@ -94,9 +94,11 @@ class QuantizedWeight:
             w = w + self.zero.float()[..., None]
         return w.reshape(n, k)
 
-    def take_rows(self, rows: torch.Tensor) -> QuantizedWeight:
-        """The same weight with its output rows reordered (each row is self-contained)."""
-        pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
+    def take_rows(self, rows) -> QuantizedWeight:
+        """The same weight with its output rows (an index array or tensor) reordered (each row is
+        self-contained)."""
+        index = torch.as_tensor(rows)
+        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
         return QuantizedWeight(self.scheme, pick(self.q), pick(self.scale), pick(self.zero))
 
 
