@@ -11,12 +11,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgellm.errors import InvalidRequest
+from edgellm.extras import has_torch
 from edgellm.formats.gguf import GGUFFile
 from edgellm.kv.config import KVConfig, fixed_kv_bytes, kv_bytes_per_token
 from edgellm.models import layer_specs
 from edgellm.quant.ggml import AFFINE_BITS, INT4_TYPES, GGMLType
 
 RUNTIME_BASELINE = 240 * 2**20  # Python + torch, measured 232 MB here (`edgellm bench` reports it)
+# Python, numpy, tokenizers, the server's modules and the kernels: a core install, measured 70 MB
+CORE_RUNTIME = 80 * 2**20
+
+
+def runtime_baseline() -> int:
+    """What a process holds before any weights: with torch where it can be imported (a long prompt's
+    PyTorch layers import it), else the core's."""
+    return RUNTIME_BASELINE if has_torch() else CORE_RUNTIME
 MARGIN = 0.10  # of the budget, for allocator slack and what estimates miss
 PRECISIONS = ("f16", "int8", "int4")  # best quality first (f32 KV doubles f16's bytes for ~no gain)
 MIN_USEFUL_CONTEXT = 512
@@ -128,11 +137,12 @@ class MemoryPlan:
         return asdict(self) | {"kv_budget_bytes": self.kv_budget_bytes}
 
 
-def plan(source: GGUFFile, budget: int | str, *, runtime_bytes: int = RUNTIME_BASELINE,
+def plan(source: GGUFFile, budget: int | str, *, runtime_bytes: int | None = None,
          want_context: int | None = None, name: str | None = None, adapter_bytes: int = 0) -> MemoryPlan:
     """The context and KV precision that fit `budget` beside the runtime, the weights, the
     tokenizer, scratch and `adapter_bytes` of resident LoRA adapters."""
     budget_bytes = parse_bytes(budget)
+    runtime_bytes = runtime_baseline() if runtime_bytes is None else runtime_bytes
     meta = source.metadata
     model_context = int(meta.get(f"{meta.get('general.architecture')}.context_length", 2048))
     target = min(want_context or model_context, model_context)

@@ -222,10 +222,10 @@ class _Lora:
             a = torch.randint(-127, 128, (rank, in_dim), generator=g, dtype=torch.int8)
             b_t = torch.randint(-127, 128, (rank, out_dim), generator=g, dtype=torch.int8)
             a_scale, b_scale = (torch.rand(rank, generator=g) * 1e-3 + 4e-4 for _ in range(2))
-            packed = pack_a(a), pack_b_t(b_t)  # the layout lora_ops.h reads
+            packed = pack_a(a.numpy()), pack_b_t(b_t.numpy())  # the layout lora_ops.h reads
             self.tensors += [*packed, a_scale, b_scale]
             self.struct.part[structs.LORA_PARTS.index(part)] = structs.LoraPair(
-                packed[0].data_ptr(), packed[1].data_ptr(), a_scale.data_ptr(), b_scale.data_ptr(), rank, scale)
+                packed[0].ctypes.data, packed[1].ctypes.data, a_scale.data_ptr(), b_scale.data_ptr(), rank, scale)
             self.deltas[part] = scale * (b_t.double() * b_scale.double()[:, None]).T @ (a.double() * a_scale.double()[:, None])
 
 

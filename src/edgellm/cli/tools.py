@@ -186,7 +186,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     mib = lambda n: f"{n / 2**20:,.0f} MiB"  # noqa: E731
     print(f"{args.model} in {mib(result.budget_bytes)}: " + (
         f"fits with {result.context_length} tokens of {result.kv_precision} KV" if result.fits else "does NOT fit"))
-    rows = [("runtime (Python + torch)", result.runtime_bytes), ("weights", result.weights_bytes),
+    rows = [("runtime (Python, libraries)", result.runtime_bytes), ("weights", result.weights_bytes),
             ("tokenizer", result.tokenizer_bytes), ("activation scratch", result.scratch_bytes),
             *([(f"LoRA adapters ({len(args.lora)})", result.adapter_bytes)] if args.lora else []),
             ("safety margin", result.margin_bytes), ("KV cache at that context", result.kv_bytes)]
