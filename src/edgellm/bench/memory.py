@@ -22,15 +22,14 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
     """In this process: RSS and KV bytes while one sequence holds each context length
     (context_length: the configured maximum, which must not change any of it), and the decode
     speed of DECODE_TOKENS greedy tokens after that context."""
-    import torch
-
     import edgellm
+    from edgellm.extras import inference
     from edgellm.generate.generator import prefill
     from edgellm.kv import KVConfig
 
     model = edgellm.load(model_name, kv=KVConfig(k_precision=precision, v_precision=precision, prefix_cache_bytes=0),
                          context_length=context_length)
-    with torch.inference_mode():  # first use of each prefill shape builds kernel state: not KV
+    with inference():  # first use of each prefill shape builds kernel state: not KV
         for n in contexts:
             seq, _ = model.kv.new_sequence()
             prefill(model.net, seq, bench_prompt(model.tokenizer, n))
@@ -40,7 +39,7 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
         gc.collect()
         return_freed_heap()
         seq, _ = model.kv.new_sequence()
-        with torch.inference_mode():
+        with inference():
             prefill(model.net, seq, bench_prompt(model.tokenizer, n))
         return_freed_heap()
         point = dict(tokens=n, rss_bytes=rss_bytes(), kv_bytes=seq.nbytes)
@@ -69,15 +68,14 @@ def memory_report(model_name: str, precisions=PRECISIONS, contexts=CONTEXTS, con
 def shared_prompt_kv(model_name: str, sessions: int = 8, prompt_tokens: int = 1000) -> dict:
     """KV bytes held (sequences and the prefix cache together) by `sessions` conversations that
     share a ~prompt_tokens system prompt, each prefilled and alive, against one such session."""
-    import torch
-
     import edgellm
+    from edgellm.extras import inference
 
     model = edgellm.load(model_name)  # prefix reuse on, as users meet it
     tokenizer = model.tokenizer
     system = {"role": "system", "content": tokenizer.decode(bench_prompt(tokenizer, prompt_tokens))}
     held = []
-    with torch.inference_mode():
+    with inference():
         for i in range(sessions):
             generation = model.generation([system, {"role": "user", "content": f"Question {i}?"}], chat=True,
                                           max_tokens=1)

@@ -28,7 +28,10 @@ def _engine(cfg: dict):
 
 def measure(cfg: dict) -> dict:
     if cfg["engine"] == "edgellm":
-        import torch  # noqa: F401  - the runtime baseline is Python + torch, before any model
+        from edgellm.extras import has_torch
+
+        if has_torch():  # where torch is installed, a long prompt's layers import it: part of the baseline
+            import torch  # noqa: F401
     baseline = _rss()
     start = time.perf_counter()
     engine = _engine(cfg)
