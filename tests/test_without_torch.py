@@ -85,12 +85,15 @@ def test_tasks_info_plan_and_chat(core_env, tmp_path):
     assert chat.returncode == 0, chat.stderr
 
 
-def test_speculative_lookup_and_int8_kv(core_env):
+def test_speculative_lookup_and_self_and_int8_kv(core_env):
     prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog"
     plain = edgellm(core_env, "run", prompt, "-n", "24", "--kv-precision", "int8")
     lookup = edgellm(core_env, "run", prompt, "-n", "24", "--kv-precision", "int8", "--speculative", "lookup")
     assert plain.returncode == 0 and lookup.returncode == 0, lookup.stderr
     assert lookup.stdout == plain.stdout and "lookup:" in lookup.stderr
+    self_draft = edgellm(core_env, "run", prompt, "-n", "24", "--kv-precision", "int8", "--speculative", "self")
+    assert self_draft.returncode == 0, self_draft.stderr
+    assert self_draft.stdout == plain.stdout  # measured, then speculating or not: the same text either way
 
 
 def test_a_saved_prefix_loads_back_without_torch(core_env, tmp_path):

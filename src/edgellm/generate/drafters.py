@@ -16,6 +16,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from edgellm.errors import InvalidRequest
 from edgellm.extras import inference, torch
 
 from edgellm.generate.sampling import Sampler, greedy
@@ -196,6 +197,8 @@ def early_exit_agreement(net, kv: KVManager, tokens: Sequence[int], candidates: 
     """For each n in `candidates`: how often the model's head on the hidden state after its
     first n blocks picks the same next token as the whole model, teacher-forced over `tokens`
     (what a self-speculative draft of n layers would get accepted, greedily)."""
+    if getattr(net, "decoder", None) is not None:
+        return _early_exit_agreement_natively(net, kv, tokens, candidates)
     captured: dict[int, torch.Tensor] = {}
     hooks = [net.blocks[n - 1].register_forward_hook(lambda _m, _i, out, n=n: captured.__setitem__(n, out))
              for n in candidates]
@@ -209,3 +212,38 @@ def early_exit_agreement(net, kv: KVManager, tokens: Sequence[int], candidates: 
         for hook in hooks:
             hook.remove()
         seq.release()
+
+
+def _early_exit_agreement_natively(net, kv: KVManager, tokens: Sequence[int],
+                                   candidates: Sequence[int]) -> dict[int, float]:
+    """early_exit_agreement on the native decoder, which keeps no hidden state between layers: the
+    model and each first-n-layers draft (models.first_layers) run over `tokens` on KV of their own,
+    every row's logits read. The same tokens as the PyTorch layers' hooks pick, up to near-ties."""
+    from edgellm.models import first_layers
+
+    final = _greedy_rows(net, kv, tokens)
+    return {n: float(np.mean(_greedy_rows(first_layers(net, n), kv, tokens) == final)) for n in candidates}
+
+
+def _greedy_rows(net, kv: KVManager, tokens: Sequence[int]) -> np.ndarray:
+    """Each position's greedy next token under `net` (its decoder), teacher-forced over `tokens`, on
+    a KV manager of its own without prefix reuse (nothing it computes is offered to others)."""
+    from dataclasses import replace
+
+    from edgellm.kernels.decode import MAX_SEQS
+
+    own = KVManager(net.cache_specs(), replace(kv.config, prefix_cache_bytes=0), len(tokens) + MAX_SEQS)
+    seq, _ = own.new_sequence([])
+    picks = []
+    try:
+        for start in range(0, len(tokens), MAX_SEQS):
+            piece = [int(t) for t in tokens[start:start + MAX_SEQS]]
+            seq.prepare(len(piece))
+            logits = net.decoder.step_rows([(seq.layers, piece)], every_row=True)
+            if logits is None:
+                raise InvalidRequest("the native decoder cannot measure the self-draft here")
+            picks.append(logits.argmax(-1))
+            seq.advance(piece)
+    finally:
+        seq.release()
+    return np.concatenate(picks)
