@@ -11,12 +11,24 @@ from pathlib import Path
 import torch
 
 import edgellm
+from edgellm import kernels
 from edgellm.formats.pack import cache_path
 from edgellm.quant.linear import Int4Linear
 
 
 def _packed_files(root):
     return sorted((root / "packed").glob("*.safetensors"))
+
+
+def _views(array, path: Path) -> bool:
+    """Whether `array` lies in a mapping of the file at `path` (/proc/self/maps)."""
+    address = array.ctypes.data
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split()
+        start, end = (int(x, 16) for x in span.split("-"))
+        if start <= address < end:
+            return rest[-1] == str(path) if len(rest) >= 5 else False
+    return False
 
 
 def test_second_load_uses_the_cache_and_matches(smollm2_path, tmp_path, monkeypatch):
@@ -31,6 +43,9 @@ def test_second_load_uses_the_cache_and_matches(smollm2_path, tmp_path, monkeypa
     second = edgellm.load(smollm2_path)
     assert cache_file.stat().st_mtime_ns == stamp  # read, not rewritten
     assert any(isinstance(m, Int4Linear) for m in second.net.modules())
+    head = second.net.lm_head  # the tied Q8_0 table's Q8R16 copy: a view of the cache file, and the embedding's
+    assert head.types == [kernels.Q8R16] and _views(head.parts[0].rows, cache_file)
+    assert second.net.embed.rows is head.parts[0].rows
     assert second.generate("The lighthouse keeper", max_tokens=12).token_ids == reference
     assert torch.equal(second.logits([1, 2, 3, 4]), logits)
     second.close()

@@ -1,6 +1,7 @@
 """A model's converted linears kept on disk, so the next load maps them instead of packing.
 
-Converting GGUF blocks into edgellm's INT4 layout is most of a fast-mode load. The result
+Converting GGUF blocks into edgellm's INT4 layout is most of a fast-mode load; interleaving Q8_0
+linears into Q8R16 (a tied head: Gemma 3's 178 MB) is most of the rest. The result
 depends on the file, the mode, edgellm's pack and layout versions (quant/int4_pack.py: the same
 bytes on every machine) and the compute dtype of dense layers (bf16 only on CPUs with native
 bf16): all of it is in the entry's name. A missing, stale or damaged entry is simply rebuilt.
@@ -20,15 +21,18 @@ from pathlib import Path
 from edgellm.atomic import atomic_path, remove_files
 from edgellm.extras import torch
 from edgellm.formats.safetensors import SafetensorsFile, write_safetensors
-from edgellm.module import Module
-from edgellm.quant.int4_pack import LAYOUT_VERSION
 from edgellm.kernels.build import compute_dtype_name
+from edgellm.kernels.gemv import Q8R16
+from edgellm.module import Module
+from edgellm.quant.blocks import BlockLinear, BlockPart
+from edgellm.quant.int4_pack import LAYOUT_VERSION
 from edgellm.quant.linear import DenseLinear, Int4Linear
 from edgellm.registry import cache_dir
 
 # 2: Q8_0 heads stay in the file; 3: so do all Q8_0 / Q5_0 linears (quant/blocks.py); 4: edgellm's
-# own INT4 layout instead of torch's; 5: written 64-byte aligned and mapped when loaded
-PACK_VERSION = 5
+# own INT4 layout instead of torch's; 5: written 64-byte aligned and mapped when loaded; 6: Q8R16 copies
+# too (kernels/q8r16.c's layout: a change to it needs a new version here)
+PACK_VERSION = 6
 
 
 def _hash(text: str, chars: int) -> str:
@@ -91,6 +95,9 @@ class PackCache:
                 linear = Int4Linear.empty(0, meta["in"], meta["planes"])
                 linear.out_features = meta["out"]
                 linear.packed, linear.scale_zero = self._file.array(f"{key}.packed"), self._file.array(f"{key}.scale_zero")
+            elif meta["kind"] == "q8r16":
+                linear = BlockLinear.of_parts(meta["in"], [BlockPart(self._file.array(f"{key}.part{i}"), Q8R16, None, q5_0)
+                                                           for i, q5_0 in enumerate(meta["q5_0"])])
             else:
                 linear = DenseLinear(self._file.tensor(f"{key}.weight"), getattr(torch, meta["dtype"]))
         except (KeyError, ValueError):  # an entry that does not hold what its metadata says
@@ -107,6 +114,9 @@ class PackCache:
         elif isinstance(linear, DenseLinear):
             meta |= {"kind": "dense", "dtype": str(linear.compute_dtype).removeprefix("torch.")}
             self._arrays[f"{key}.weight"] = linear.weight
+        elif isinstance(linear, BlockLinear) and linear.interleaved:  # the Q8R16 copies: no interleaving at the next load
+            meta |= {"kind": "q8r16", "in": linear.in_features, "q5_0": [p.q5_0 for p in linear.parts]}
+            self._arrays |= {f"{key}.part{i}": p.rows for i, p in enumerate(linear.parts)}
         else:
             return
         self._meta[key] = meta

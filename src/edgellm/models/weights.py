@@ -70,10 +70,15 @@ class Weights:
         key = "+".join(names)
         rows = rows or {}
         infos = [self.source.tensors.get(n) for n in names]
-        if self.mode == "fast" and all(i is not None and BlockLinear.supports(i.ggml_type, i.shape) for i in infos):
-            return BlockLinear([self._part(n, rows.get(n)) for n in names],  # the file's blocks (Q8_0 interleaved)
-                               drop_source=getattr(self.source, "drop_view", None))
         cached = self.cache.get(key) if self.cache is not None else None
+        if self.mode == "fast" and all(i is not None and BlockLinear.supports(i.ggml_type, i.shape) for i in infos):
+            if isinstance(cached, BlockLinear):
+                return cached  # its Q8R16 copies, mapped
+            linear = BlockLinear([self._part(n, rows.get(n)) for n in names],  # the file's blocks (Q8_0 interleaved)
+                                 drop_source=getattr(self.source, "drop_view", None))
+            if self.cache is not None:
+                self.cache.put(key, linear)  # kept only where the parts are copies (formats/pack.py)
+            return linear
         if cached is not None:
             return cached
         quantized = [self._quantized(n, rows.get(n)) for n in names]

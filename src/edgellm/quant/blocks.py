@@ -90,6 +90,19 @@ class BlockLinear(Module):
                                      as_array(scale.to(torch.bfloat16).contiguous())) for q, scale in weights])
         return out
 
+    @classmethod
+    def of_parts(cls, k: int, parts: list[BlockPart]) -> BlockLinear:
+        """From parts already held as the kernels read them (a pack cache's Q8R16 copies)."""
+        out = cls.__new__(cls)
+        out._set_parts(k, parts)
+        return out
+
+    @property
+    def interleaved(self) -> bool:
+        """Whether every part is a Q8R16 copy made at load (what a pack cache keeps: the other
+        types are read in place from the model file)."""
+        return all(p.type == kernels.Q8R16 for p in self.parts)
+
     def _set_parts(self, k: int, parts: list[BlockPart]) -> None:
         self.in_features, self.parts = k, parts
         self.out_splits = [p.rows.shape[0] for p in parts]
