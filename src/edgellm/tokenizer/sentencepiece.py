@@ -28,6 +28,8 @@ import heapq
 import re
 from collections.abc import Iterator, Sequence
 
+import numpy as np
+
 from edgellm.errors import TokenizerError
 from edgellm.tokenizer.build import (SPIECE_SPACE, build_sentencepiece_hf, byte_token_value, check_sentencepiece,
                                      merge_ranks, spell_piece)
@@ -46,8 +48,9 @@ class SentencePieceBPE:
         self._byte_ids = [self._index.get(f"<0x{b:02X}>") for b in range(256)]
         # As Hugging Face adds them: by text, so a token whose text the vocabulary spells
         # differently (Gemma's runs of real spaces) is not an added token.
-        added = (token for token, kind in zip(vocab.tokens, vocab.types)
-                 if token and kind in (TokenType.CONTROL, TokenType.USER_DEFINED))
+        kinds = np.asarray(vocab.types)
+        wanted = np.flatnonzero((kinds == TokenType.CONTROL) | (kinds == TokenType.USER_DEFINED)).tolist()
+        added = (token for token in (vocab.tokens[i] for i in wanted) if token)
         self._added = _AddedTokens({token: token_id for token in added
                                     if (token_id := self._index.get(token)) is not None})
 
