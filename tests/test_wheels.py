@@ -26,7 +26,7 @@ ARM_PLATFORMS = [f"--platform=manylinux_2_{n}_aarch64" for n in range(17, 40)]
 # made to fail, as on a board with only the core install.
 SCRIPT = f"""
 import sys
-sys.modules.update(torch=None, rich=None, safetensors=None)
+sys.modules.update(torch=None, rich=None, safetensors=None, tokenizers=None)
 import json, edgellm
 from edgellm import kernels
 from edgellm.kernels import build, isa

@@ -1,6 +1,6 @@
 """The core runtime where PyTorch cannot be imported: the commands people run, the server under the
 official openai client, seeded sampling, prefix persistence. Each runs in a subprocess whose
-`sitecustomize` makes `import torch` (and the tools extra's rich and safetensors) fail, as on a
+`sitecustomize` makes `import torch` (and the tools extra's rich, safetensors and tokenizers) fail, as on a
 device that has only the core install. Nothing here is timed."""
 from __future__ import annotations
 

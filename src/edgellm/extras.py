@@ -14,7 +14,7 @@ import types
 from edgellm.errors import EdgeLLMError
 
 INSTALL_TOOLS = "pip install 'edgellm[tools]'"
-TOOLS_MODULES = ("torch", "rich", "safetensors")  # what the tools extra installs
+TOOLS_MODULES = ("torch", "rich", "safetensors", "tokenizers")  # what the tools extra installs
 
 
 class ToolsNeeded(EdgeLLMError, ImportError):

@@ -18,7 +18,7 @@ from edgellm.models import layer_specs
 from edgellm.quant.ggml import AFFINE_BITS, INT4_TYPES, GGMLType
 
 RUNTIME_BASELINE = 240 * 2**20  # Python + torch, measured 232 MB here (`edgellm bench` reports it)
-# Python, numpy, tokenizers, the server's modules and the kernels: a core install, measured 70 MB
+# Python, numpy, the server's modules and the kernels: a core install, measured 70 MB
 CORE_RUNTIME = 80 * 2**20
 
 
@@ -74,9 +74,9 @@ def weight_bytes(source: GGUFFile) -> int:
 def tokenizer_bytes(source: GGUFFile) -> int:
     meta = source.metadata
     vocab = meta if meta.get("tokenizer.ggml.tokens") else (getattr(source, "gguf_vocab", None) or {})
-    if vocab.get("tokenizer.ggml.model") == "llama":
-        # edgellm's own SentencePiece encoder over the GGUF's vocabulary, measured on Gemma 3:
-        # ~35 B/token live, ~110 at its peak while loading.
+    if vocab.get("tokenizer.ggml.model") in ("llama", "gpt2"):
+        # edgellm's own encoders over the GGUF's vocabulary (and merges), measured on Gemma 3 and
+        # SmolLM2: 26-43 B/token live, 86-110 at the peak while loading.
         return vocab_size(source) * 128
     # Measured in the tokenizers library: SmolLM2's byte-level BPE (49k tokens) ~30 MB; a
     # tokenizer.json SentencePiece BPE (Gemma's 262k tokens, 515k merges) ~290 MB.

@@ -357,43 +357,21 @@ def test_vocab_index_finds_every_token_and_the_last_of_equals():
     assert all(index.get(t) == i for i, t in enumerate(tokens[:5000]))
     assert index.get("dup") == 5002 and index.get("") == 5003 and "x" in index
     assert index.get("t5000") is None and index.get("du") is None
-    spaced = VocabIndex(["  ", "a"], spell=lambda t: t.replace(" ", "▁"))
-    assert spaced.get("▁▁") == 0 and spaced.get("  ") is None
+    spaced = VocabIndex(["  ", "a", "▁▁"], respelled={0: "▁▁"})
+    assert spaced.get("▁▁") == 2 and spaced.get("  ") is None and spaced.get("a") == 1
+    assert VocabIndex(["  ", "a"], respelled={0: "▁▁"}).get("▁▁") == 0
+    assert index.get("\ud800") is None  # a lone surrogate is no token, and no error
+
+
+def test_vocab_index_hashes_in_numpy_what_python_hashes():
+    from edgellm.tokenizer.index import string_hashes, text_hash
+
+    texts = ["", "a", "ab", "é", "日本語", "🦙" * 40, "x" * 300, "\x00\x01"]
+    assert string_hashes(texts).tolist() == [text_hash(t.encode()) for t in texts]
 
 
 def _metadata(path: Path) -> dict:
     return dict(open_gguf(path).metadata)
-
-
-def test_built_tokenizer_is_cached(smollm2_path, tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path))
-    metadata = _metadata(smollm2_path)
-    built = Tokenizer.from_gguf_metadata(metadata)
-    cached_files = list((tmp_path / "tokenizers").glob("*.json"))
-    assert len(cached_files) == 1
-
-    def refuse(_vocab):
-        raise AssertionError("rebuilt despite a cached tokenizer")
-
-    monkeypatch.setattr(tokenizer_build, "_build", refuse)
-    loaded = Tokenizer.from_gguf_metadata(metadata)
-    for text in CORPUS:
-        assert loaded.encode(text) == built.encode(text)
-
-    changed = dict(metadata, **{"tokenizer.ggml.tokens": ["x", *metadata["tokenizer.ggml.tokens"][1:]]})
-    with pytest.raises(AssertionError, match="rebuilt"):
-        Tokenizer.from_gguf_metadata(changed)  # a different vocabulary must not hit the cache
-
-
-def test_corrupt_cache_entry_is_rebuilt(smollm2_path, tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path))
-    metadata = _metadata(smollm2_path)
-    reference = Tokenizer.from_gguf_metadata(metadata)
-    (cached,) = (tmp_path / "tokenizers").glob("*.json")
-    cached.write_text("{not json")
-    rebuilt = Tokenizer.from_gguf_metadata(metadata)
-    assert rebuilt.encode("Hello, world!") == reference.encode("Hello, world!")
-    assert cached.read_text().startswith("{")  # rewritten
 
 
 def _random_texts(pieces: list[str], count: int, seed: int) -> list[str]:
@@ -403,6 +381,61 @@ def _random_texts(pieces: list[str], count: int, seed: int) -> list[str]:
     extra = [" ", "  ", "\n", "\n\n", "\t", "é", "😀", "\x00", "ﬁ", "<", ">", "<bos>", "<end_of_turn>", "<start_of_turn>"]
     return ["".join(rng.choice(pieces if rng.random() < 0.7 else extra) for _ in range(rng.randint(0, 40)))
             for _ in range(count)]
+
+
+def test_smollm2_own_encoder_matches_tokenizers_build(smollm2_path, tmp_path, monkeypatch):
+    """edgellm encodes byte-level vocabularies itself, writes no cache, and agrees with the
+    `tokenizers` build of the same vocabulary."""
+    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path))
+    metadata = _metadata(smollm2_path)
+    ours = Tokenizer.from_gguf_metadata(metadata)
+    assert not list(tmp_path.rglob("*"))
+    reference = tokenizer_build.build_hf(ours._vocab)
+    tokens = metadata["tokenizer.ggml.tokens"]
+    pieces = [ours.decode([i]) for i in random.Random(0).sample(range(len(tokens)), 3000)]
+    heldout = (Path(edgellm.__file__).parent / "data" / "heldout.txt").read_text()
+    pieces += ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "123", "4567", "'s", "'LL"]
+    for text in [*CORPUS, heldout, *_random_texts(pieces, 300, seed=1)]:
+        expected = reference.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, add_special_tokens=False) == expected, text
+        assert ours.decode(expected) == reference.decode(expected, skip_special_tokens=False), text
+        assert ours.decode(expected, skip_special_tokens=True) == reference.decode(expected, skip_special_tokens=True)
+
+
+def _random_byte_level_vocab(rng: random.Random, pre: str) -> dict:
+    """Every byte, then tokens made by merging random pairs; the merges listed in a shuffled
+    order (ranks unrelated to how tokens were built, so stale heap entries and ties happen), a
+    few listed twice (the later rank counts), and one control token."""
+    from edgellm.tokenizer.spelling import BYTE_TO_CHAR
+
+    tokens = [BYTE_TO_CHAR[b] for b in range(256)] + ["<x>"]
+    merges = []
+    common = [BYTE_TO_CHAR[b] for b in b"abc "]
+    while len(merges) < 60:
+        left, right = rng.choice(common + tokens[257:]), rng.choice(common + tokens[257:])
+        if left + right not in tokens:
+            tokens.append(left + right)
+        merges.append(f"{left} {right}")
+    rng.shuffle(merges)
+    merges += rng.sample(merges, 5)
+    return {
+        "general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": [1] * 256 + [3] + [1] * (len(tokens) - 257),
+    }
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "llama-bpe"])  # merges only / whole pieces first
+def test_own_byte_level_encoder_matches_tokenizers_on_random_vocabularies(pre):
+    rng = random.Random(pre)
+    for _ in range(20):
+        ours = Tokenizer.from_gguf_metadata(_random_byte_level_vocab(rng, pre))
+        reference = tokenizer_build.build_hf(ours._vocab)
+        for _ in range(30):
+            text = "".join(rng.choice(["a", "b", "c", " ", "ab", "cab", "é", "<x>", "\n", "1"]) for _ in range(25))
+            expected = reference.encode(text, add_special_tokens=False).ids
+            assert ours.encode(text, add_special_tokens=False) == expected, text
+            assert ours.decode(expected, skip_special_tokens=True) == reference.decode(expected, skip_special_tokens=True)
 
 
 def test_gemma3_own_encoder_matches_tokenizers_build(gemma3, gemma3_path, tmp_path, monkeypatch):

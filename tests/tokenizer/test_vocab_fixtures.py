@@ -56,3 +56,21 @@ def test_ids_equal_transformers_on_a_multilingual_corpus(name):
     ours = _tokenizer(name)
     for text in CORPUS:
         assert ours.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False), text
+
+
+def test_unicode_classes_are_the_reference_tokenizers():
+    """The classes pre-tokenizer regexes use, spelled out for Python's re, hold the same code
+    points as in Hugging Face tokenizers' regexes (Oniguruma), on any Python's Unicode version."""
+    import importlib.util
+    from pathlib import Path
+
+    from edgellm.tokenizer.pretokenize import compile_split
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "unicode_classes.py"
+    spec = importlib.util.spec_from_file_location("unicode_classes_tool", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    points = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000 and c != 1]
+    for pattern in tool.CLASSES.values():
+        ours = compile_split(pattern)
+        assert [c for c in points if ours.fullmatch(chr(c))] == tool.members(pattern), pattern

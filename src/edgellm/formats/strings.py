@@ -42,6 +42,14 @@ class StringArray(Sequence[str]):
             raise ValueError("a string boundary splits a UTF-8 character")
         return cls(blob, offsets[:-1].copy(), offsets[1:].copy())
 
+    def spans(self) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """(blob, starts, ends): string i is blob[starts[i]:ends[i]], as UTF-8 (read, not copied)."""
+        return self._blob, self._starts, self._ends
+
+    def raw(self, index: int) -> bytes:
+        """String `index` as its UTF-8 bytes, not decoded."""
+        return self._blob[self._starts[index]:self._ends[index]]
+
     def packed(self) -> tuple[bytes, np.ndarray]:
         """(blob, offsets) with string i at blob[offsets[i]:offsets[i + 1]]."""
         parts = [self._blob[start:end] for start, end in zip(self._starts.tolist(), self._ends.tolist())]
@@ -81,6 +89,14 @@ class StringArray(Sequence[str]):
 
     def __repr__(self) -> str:
         return f"StringArray({len(self)} strings)"
+
+
+def as_string_array(strings: Sequence[str]) -> StringArray:
+    """`strings` as a StringArray (itself when it is one)."""
+    if isinstance(strings, StringArray):
+        return strings
+    blob, offsets = pack_strings(strings)
+    return StringArray(blob, offsets[:-1].copy(), offsets[1:].copy())
 
 
 def pack_strings(strings: Sequence[str]) -> tuple[bytes, np.ndarray]:

@@ -1,5 +1,6 @@
-"""Text <-> token ids, rebuilt from a GGUF's metadata: byte-level BPE on the `tokenizers`
-library (build.py), SentencePiece BPE on edgellm's own compact encoder (sentencepiece.py)."""
+"""Text <-> token ids, rebuilt from a GGUF's metadata by edgellm's own encoders: byte-level BPE
+(bytelevel.py) and SentencePiece BPE (sentencepiece.py). Hugging Face folders bring their
+tokenizer.json, read by the `tokenizers` library of the tools extra (hf.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -7,8 +8,9 @@ from functools import cached_property, lru_cache, partial
 from typing import Any, Protocol
 
 from edgellm.errors import TokenizerError
-from edgellm.tokenizer.build import load_or_build, token_bytes
+from edgellm.tokenizer.bytelevel import ByteLevelBPE
 from edgellm.tokenizer.sentencepiece import SentencePieceBPE
+from edgellm.tokenizer.spelling import token_bytes
 from edgellm.tokenizer.vocab import TokenType, Vocab, read_vocab
 
 __all__ = ["Tokenizer", "TokenType"]
@@ -39,8 +41,7 @@ class Tokenizer:
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         """Build (or load from the on-disk cache) the tokenizer a GGUF's metadata describes."""
         vocab = read_vocab(metadata)
-        # Gemma's 262k-token SentencePiece vocabulary costs ~90 MB in `tokenizers`, ~10 in ours.
-        return cls(vocab, SentencePieceBPE(vocab) if vocab.model == "llama" else load_or_build(vocab))
+        return cls(vocab, SentencePieceBPE(vocab) if vocab.model == "llama" else ByteLevelBPE(vocab))
 
     # -- ids --------------------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        plain = [int(i) for i in ids]  # numpy/torch integers: tokenizers accepts only int
+        plain = [int(i) for i in ids]  # numpy/torch integers index as plain ints
         self._check_ids(plain)
         return self._backend.decode(plain, skip_special_tokens=skip_special_tokens)
 

@@ -3,18 +3,44 @@
 Reading: the backend is tokenizer.json as is; the Vocab (token strings, kinds, BOS/EOS) that
 the rest of edgellm reads is derived from it and tokenizer_config.json. Writing: our backend
 saved as tokenizer.json, with a post-processor that adds BOS where the model wants one, so
-transformers encodes exactly as edgellm does."""
+transformers encodes exactly as edgellm does. Both use the `tokenizers` library (the tools extra)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tokenizers import Tokenizer as Backend
-from tokenizers import decoders, processors
+import numpy as np
+
+from edgellm.extras import ToolsNeeded
+
+try:  # the tools extra's
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, processors
+except ModuleNotFoundError as e:
+    raise ToolsNeeded(e.name or "tokenizers") from None
 
 from edgellm.errors import TokenizerError
 from edgellm.tokenizer import Tokenizer
-from edgellm.tokenizer.build import HFBackend, byte_token_value
+from edgellm.tokenizer.spelling import byte_token_value
 from edgellm.tokenizer.vocab import TokenType, Vocab
+
+
+class HFBackend:
+    """A `tokenizers` Tokenizer behind the interface edgellm's Tokenizer encodes with."""
+
+    def __init__(self, backend: Backend):
+        self._backend = backend
+
+    def encode(self, text: str) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, text: str) -> int | None:
+        return self._backend.token_to_id(text)
+
+    def to_hf_json(self) -> str:
+        return self._backend.to_str()
 
 
 def from_hf(tokenizer_json: str, config: Mapping[str, Any], architecture: str = "") -> Tokenizer:
@@ -29,7 +55,7 @@ def from_hf(tokenizer_json: str, config: Mapping[str, Any], architecture: str = 
     for text, i in vocab.items():
         tokens[i] = text
     added = {t.content: bool(t.special) for t in backend.get_added_tokens_decoder().values()}
-    types = [_kind(t, added, byte_level) for t in tokens]
+    types = np.array([_kind(t, added, byte_level) for t in tokens], np.int32)
     bos, eos = _token_id(config, "bos_token", vocab), _token_id(config, "eos_token", vocab)
     probe = backend.encode("a", add_special_tokens=True).ids
     return Tokenizer(Vocab(

@@ -4,14 +4,19 @@ Each entry is the ordered list of regexes the model's own tokenizer applies (eac
 pieces the previous ones left, matches and gaps both kept: `Split(..., "isolated")`), then the
 GPT-2 byte mapping. The regexes are those of the models' tokenizer.json files as llama.cpp
 records them (src/llama-vocab.cpp); `ignore_merges` marks vocabularies whose whole pieces are
-looked up before any merge (Llama 3's tokenizer.json says so)."""
+looked up before any merge (Llama 3's tokenizer.json says so).
+
+edgellm runs them on Python's `re`, with the Unicode classes spelled out as the reference
+tokenizer sees them (unicode_classes.py), so a split never depends on the Python's Unicode
+version."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-
-from tokenizers import Regex, pre_tokenizers
+from functools import lru_cache
 
 from edgellm.errors import TokenizerError
+from edgellm.tokenizer import unicode_classes
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
@@ -26,10 +31,6 @@ _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 class PreTokenizer:
     regexes: tuple[str, ...]
     ignore_merges: bool = False
-
-    def build(self) -> pre_tokenizers.PreTokenizer:
-        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.regexes]
-        return pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 _FAMILIES = {
@@ -64,3 +65,39 @@ def pre_tokenizer(name: str | None) -> PreTokenizer:
     if family is None:
         raise TokenizerError(f"unsupported byte-level pre-tokenizer {name!r} (supported: {', '.join(SUPPORTED)})")
     return _FAMILIES[family]
+
+
+# -- the regexes on Python's re -----------------------------------------------------------------
+
+_ESCAPES = {"p{L}": "LETTER", "p{N}": "NUMBER", "p{M}": "MARK", "p{P}": "PUNCTUATION", "s": "SPACE"}
+_ESCAPE = re.compile(r"\\(p\{[LNMP]\}|s|S)|\\.|\[\^?|\]|[^\\\[\]]+")
+
+
+@lru_cache(maxsize=None)
+def compile_split(pattern: str) -> re.Pattern:
+    """`pattern` (Oniguruma syntax, as tokenizer.json has it) for Python's re: \\p{L}, \\p{N},
+    \\p{M}, \\p{P}, \\s and \\S become the reference's ranges, inside a [...] class or as one."""
+    out, in_class = [], False
+    for token in _ESCAPE.finditer(pattern):
+        text, escape = token.group(0), token.group(1)
+        if escape == "S":
+            if in_class:
+                raise TokenizerError(f"\\S inside a character class is not supported: {pattern!r}")
+            out.append(f"[^{_class_ranges('SPACE')}]")
+        elif escape:
+            ranges = _class_ranges(_ESCAPES[escape])
+            out.append(ranges if in_class else f"[{ranges}]")
+        else:
+            in_class = text.startswith("[") or (in_class and text != "]")
+            out.append(text)
+    return re.compile("".join(out))
+
+
+@lru_cache(maxsize=None)
+def _class_ranges(name: str) -> str:
+    """A class's ranges as re writes them inside brackets: \\uXXXX-\\uYYYY ..."""
+    def char(hex_point: str) -> str:
+        return f"\\U{int(hex_point, 16):08X}"
+
+    parts = getattr(unicode_classes, name).split()
+    return "".join("-".join(char(p) for p in part.split("-")) for part in parts)

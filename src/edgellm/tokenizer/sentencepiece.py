@@ -25,15 +25,15 @@ Face drops it silently); and an id whose text a later token repeats decodes as i
 from __future__ import annotations
 
 import heapq
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from edgellm.errors import TokenizerError
-from edgellm.tokenizer.build import (SPIECE_SPACE, build_sentencepiece_hf, byte_token_value, check_sentencepiece,
-                                     merge_ranks, spell_piece)
+from edgellm.tokenizer.added import AddedTokens, Memo
 from edgellm.tokenizer.index import VocabIndex
+from edgellm.tokenizer.spelling import (SPIECE_SPACE, byte_token_value, check_sentencepiece, merge_ranks,
+                                        space_run_tokens, spell_piece)
 from edgellm.tokenizer.vocab import TokenType, Vocab
 
 
@@ -43,7 +43,7 @@ class SentencePieceBPE:
     def __init__(self, vocab: Vocab):
         check_sentencepiece(vocab)
         self._vocab = vocab
-        self._index = VocabIndex(vocab.tokens, spell_piece)
+        self._index = VocabIndex(vocab.tokens, {i: spell_piece(vocab.tokens[i]) for i in space_run_tokens(vocab.tokens)})
         self._ranks = memoryview(merge_ranks(vocab))
         self._byte_ids = [self._index.get(f"<0x{b:02X}>") for b in range(256)]
         # As Hugging Face adds them: by text, so a token whose text the vocabulary spells
@@ -51,7 +51,7 @@ class SentencePieceBPE:
         kinds = np.asarray(vocab.types)
         wanted = np.flatnonzero((kinds == TokenType.CONTROL) | (kinds == TokenType.USER_DEFINED)).tolist()
         added = (token for token in (vocab.tokens[i] for i in wanted) if token)
-        self._added = _AddedTokens({token: token_id for token in added
+        self._added = AddedTokens({token: token_id for token in added
                                     if (token_id := self._index.get(token)) is not None})
 
     def token_to_id(self, text: str) -> int | None:
@@ -59,7 +59,7 @@ class SentencePieceBPE:
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
-        lookup = _Memo(self._index.get)  # pieces repeat; an index lookup costs ~1 µs
+        lookup = Memo(self._index.get)  # pieces repeat; an index lookup costs ~1 µs
         # Llama 2 / Phi-3 style vocabularies read a space before the text and after each added token
         prefix = " " if self._vocab.add_space_prefix else ""
         for plain, added_id in self._added.split(text):
@@ -92,11 +92,13 @@ class SentencePieceBPE:
 
     def to_hf_json(self) -> str:
         """The same tokenizer as a Hugging Face tokenizer.json (for exported models)."""
+        from edgellm.tokenizer.build import build_sentencepiece_hf  # the tools extra's `tokenizers`
+
         return build_sentencepiece_hf(self._vocab).to_str()
 
     # -- BPE --------------------------------------------------------------------------------
 
-    def _pieces(self, text: str, lookup: _Memo) -> list[tuple[str, int]]:
+    def _pieces(self, text: str, lookup: Memo) -> list[tuple[str, int]]:
         """(piece, id) per character, bytes where a character is not a token. Characters with
         neither become one <unk> per run, placed where Hugging Face's BPE places it: before the
         next character that is a token, after any byte pieces met in between."""
@@ -126,7 +128,7 @@ class SentencePieceBPE:
             raise TokenizerError("the text has characters outside the vocabulary, which has no <unk> token")
         return self._vocab.tokens[unk_id], unk_id
 
-    def _merge(self, pieces: list[tuple[str, int]], lookup: _Memo) -> list[int]:
+    def _merge(self, pieces: list[tuple[str, int]], lookup: Memo) -> list[int]:
         """BPE over a doubly linked list of pieces, with a heap of candidate merges. A heap entry
         goes stale when a neighbour merges first; it is dropped unless its position still
         merges into the same token (the check Hugging Face's BPE makes, kept for equal output)."""
@@ -158,44 +160,6 @@ class SentencePieceBPE:
             if prev[left] >= 0 and (c := candidate(prev[left], left)) is not None:
                 heapq.heappush(heap, c)
         return [token_id for token_id, text in zip(ids, texts) if text is not None]
-
-
-class _Memo(dict):
-    """A function's results by argument, computed at first use (one encode's index lookups)."""
-
-    def __init__(self, function):
-        super().__init__()
-        self._function = function
-
-    def __missing__(self, key):
-        value = self[key] = self._function(key)
-        return value
-
-
-class _AddedTokens:
-    """Cuts added tokens out of text: the leftmost match, the longest one at that position."""
-
-    def __init__(self, ids: dict[str, int]):
-        self._ids = ids
-        lengths: dict[str, set[int]] = {}
-        for token in ids:
-            lengths.setdefault(token[0], set()).add(len(token))
-        self._lengths = {first: sorted(ls, reverse=True) for first, ls in lengths.items()}
-        self._starts = re.compile("[" + "".join(map(re.escape, self._lengths)) + "]") if ids else None
-
-    def split(self, text: str) -> Iterator[tuple[str, int | None]]:
-        """(text before an added token, its id) pairs, then (the rest, None)."""
-        start = pos = 0
-        while self._starts is not None and (found := self._starts.search(text, pos)) is not None:
-            at = found.start()
-            pos = at + 1
-            for length in self._lengths[text[at]]:
-                token_id = self._ids.get(text[at:at + length])
-                if token_id is not None:
-                    yield text[start:at], token_id
-                    start = pos = at + length
-                    break
-        yield text[start:], None
 
 
 def _utf8_or_replacement(raw: bytearray) -> str:

@@ -1,7 +1,6 @@
 """The tokenizer part of a GGUF's metadata, read and checked."""
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -12,9 +11,6 @@ import numpy as np
 
 from edgellm.errors import TokenizerError
 from edgellm.formats.strings import StringArray
-
-# Bump whenever the way a tokenizer is built changes, so stale cached builds are ignored.
-BUILD_VERSION = 2
 
 class TokenType(IntEnum):
     """llama.cpp's tokenizer.ggml.token_type values."""
@@ -35,7 +31,7 @@ class Vocab:
     pre: str
     architecture: str
     tokens: Sequence[str]  # a list, or the GGUF reader's compact StringArray
-    types: list[int]
+    types: np.ndarray  # int32, one TokenType per token
     scores: np.ndarray | None
     merges: Sequence[str] | None
     add_space_prefix: bool
@@ -48,28 +44,7 @@ class Vocab:
     @cached_property
     def control_ids(self) -> frozenset[int]:
         """CONTROL tokens: BOS/EOS, turn markers, padding, unused slots."""
-        return frozenset(i for i, kind in enumerate(self.types) if kind == TokenType.CONTROL)
-
-    def cache_key(self) -> str:
-        digest = hashlib.sha256()
-        header = (BUILD_VERSION, self.model, self.pre, self.architecture, self.add_space_prefix, self.unk_id)
-        digest.update(repr(header).encode())
-        # NUL cannot occur inside a GGUF string used as a token, so joining is unambiguous.
-        digest.update(_strings_key(self.tokens, "\0"))
-        digest.update(np.asarray(self.types, dtype="<i4").tobytes())
-        if self.scores is not None:
-            digest.update(np.ascontiguousarray(self.scores, dtype="<f4").tobytes())
-        if self.merges is not None:
-            digest.update(_strings_key(self.merges, "\n"))
-        return digest.hexdigest()[:32]
-
-
-def _strings_key(strings: Sequence[str], separator: str) -> bytes:
-    # A StringArray identifies itself without decoding its strings (the GGUF reader's form of
-    # every long list); a plain list is joined.
-    if isinstance(strings, StringArray):
-        return strings.fingerprint()
-    return separator.join(strings).encode("utf-8", "surrogatepass")
+        return frozenset(np.flatnonzero(np.asarray(self.types) == TokenType.CONTROL).tolist())
 
 
 def _optional_id(metadata: Mapping[str, Any], key: str, n_tokens: int) -> int | None:
@@ -105,8 +80,7 @@ def read_vocab(metadata: Mapping[str, Any]) -> Vocab:
         raise TokenizerError("tokenizer.ggml.tokens is missing or not a list of strings")
     n = len(tokens)
     types = _numeric_array(metadata, "tokenizer.ggml.token_type", n)
-    # Plain ints: the per-token loops below are several times slower over numpy scalars.
-    types = [int(TokenType.NORMAL)] * n if types is None else types.astype(np.int64).tolist()
+    types = np.full(n, TokenType.NORMAL, np.int32) if types is None else types.astype(np.int32)
     merges = metadata.get("tokenizer.ggml.merges")
     if merges is not None and not _strings(merges):
         raise TokenizerError("tokenizer.ggml.merges is not a list of strings")
