@@ -70,7 +70,15 @@ def _vocab(n: int = 1500) -> list[bytes]:
     return [f"tok{i}".encode() for i in range(n)] + ["é€😀".encode(), b"x" * 300]
 
 
-def test_long_string_arrays_read_compactly_and_equal_the_list(tmp_path):
+@pytest.fixture(params=["native", "python"])
+def string_walk(request, monkeypatch):
+    """Long string arrays walked by the native library, or by the Python loop used without one."""
+    if request.param == "python":
+        monkeypatch.setattr("edgellm.formats.gguf.gguf_string_ends", lambda *args: None)
+    return request.param
+
+
+def test_long_string_arrays_read_compactly_and_equal_the_list(tmp_path, string_walk):
     strings = _vocab()
     with open_gguf(_write(tmp_path, craft(kv=[("general.architecture", 8, _string("llama")),
                                               ("tokens", 9, _long_strings(strings))]))) as f:
@@ -91,12 +99,20 @@ def test_long_string_arrays_read_compactly_and_equal_the_list(tmp_path):
 
 @pytest.mark.parametrize("bad", [b"\xff", b"ab\xc3", b"\xe2\x82"])  # invalid, and cut mid-character
 @pytest.mark.parametrize("where", [0, 700, -1])
-def test_invalid_utf8_in_a_long_string_array_is_a_format_error(tmp_path, bad, where):
+def test_invalid_utf8_in_a_long_string_array_is_a_format_error(tmp_path, bad, where, string_walk):
     strings = _vocab()
     strings.insert(where if where >= 0 else len(strings), bad)
     path = _write(tmp_path, craft(kv=[("general.architecture", 8, _string("llama")), ("tokens", 9, _long_strings(strings))]))
     with pytest.raises(ModelFormatError, match="UTF-8"):
         open_gguf(path)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 200])  # bytes missing from the end of the array
+def test_a_truncated_long_string_array_is_a_format_error(tmp_path, cut, string_walk):
+    data = craft(kv=[("general.architecture", 8, _string("llama")), ("tokens", 9, _long_strings(_vocab()))])
+    end = data.index(b"x" * 300) + 300
+    with pytest.raises(ModelFormatError, match="truncated"):
+        open_gguf(_write(tmp_path, data[:end - cut]))
 
 
 CORRUPTIONS = {
@@ -138,7 +154,7 @@ def test_missing_file(tmp_path):
         open_gguf(tmp_path / "absent.gguf")
 
 
-def test_random_bit_flips_in_header_never_crash(tmp_path, smollm2_path):
+def test_random_bit_flips_in_header_never_crash(tmp_path, smollm2_path, string_walk):
     """Flip bits anywhere in the metadata/tensor-info region of the real model: the reader
     either still loads a consistent file or raises ModelFormatError — nothing else."""
     with open_gguf(smollm2_path) as f:
@@ -187,3 +203,24 @@ def test_packed_strings_round_trip_and_refuse_bad_offsets():
                                   (b"\xff", np.array([0, 1]))]:         # not UTF-8
         with pytest.raises(ValueError):
             StringArray.from_packed(bad_blob, bad_offsets)
+
+
+def test_native_utf8_check_agrees_with_pythons_decoder():
+    """Random byte strings made of the bytes UTF-8's edge cases hinge on (overlong leads,
+    surrogates, past U+10FFFF, stray continuations, cut sequences): the native check and
+    Python's decoder call the same ones well-formed."""
+    from edgellm.kernels.scan import first_bad_utf8
+
+    rng = np.random.default_rng(0)
+    edges = np.array([0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1,
+                      0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF], np.uint8)
+    strings = [bytes(rng.choice(edges, size=int(rng.integers(0, 6)))) for _ in range(20000)]
+    strings += [s.encode() for s in ["é", "€", "😀", "\U0010FFFF", "\uD7FF", "\uE000"]]
+    for s in strings:
+        buf = np.frombuffer(s + b"!", np.uint8)  # never empty
+        try:
+            s.decode("utf-8")
+            valid = True
+        except UnicodeDecodeError:
+            valid = False
+        assert first_bad_utf8(buf, np.array([[0, len(s)]])) == (-1 if valid else 0), s

@@ -18,6 +18,7 @@ import numpy as np
 from edgellm.errors import ModelFormatError
 from edgellm.formats.mapped import MappedFile, check_no_overlap
 from edgellm.formats.strings import StringArray
+from edgellm.kernels.scan import first_bad_utf8, gguf_string_ends
 from edgellm.quant.ggml import GGMLType, tensor_nbytes
 
 MAGIC = b"GGUF"
@@ -91,20 +92,37 @@ class _Cursor:
         raise self.fail(f"{what} has unknown value type {vtype}")
 
     def check_utf8(self, spans: np.ndarray, what: str) -> None:
-        # Fast path: the whole run at once. When every string is shorter than 128 bytes, the
-        # 8-byte length fields between them are ASCII, so a string cut mid-character still
-        # fails against its neighbour; otherwise, or on failure, each string is checked alone.
-        if int((spans[:, 1] - spans[:, 0]).max()) < 128:
-            try:
-                self.buf[int(spans[0, 0]):int(spans[-1, 1])].decode("utf-8")
-                return
-            except UnicodeDecodeError:
-                pass
-        for i, (start, end) in enumerate(spans.tolist()):
+        bad = first_bad_utf8(np.frombuffer(self.buf, np.uint8), spans)
+        if bad is None:
+            bad = self._first_bad_utf8(spans)
+        if bad >= 0:
+            start, end = spans[bad].tolist()
             try:
                 self.buf[start:end].decode("utf-8")
             except UnicodeDecodeError as e:
-                raise self.fail(f"{what}[{i}] is not valid UTF-8 ({e.reason})") from None
+                raise self.fail(f"{what}[{bad}] is not valid UTF-8 ({e.reason})") from None
+            raise self.fail(f"{what}[{bad}] is not valid UTF-8")
+
+    def _first_bad_utf8(self, spans: np.ndarray) -> int:
+        """check_utf8's test in Python, where the native library cannot run: the whole run at
+        once, its 8-byte length fields (between consecutive strings) blanked to ASCII spaces, so a
+        string cut mid-character still fails against its neighbour; string by string only then."""
+        base, stop = int(spans[0, 0]), int(spans[-1, 1])
+        run = np.frombuffer(self.buf, np.uint8, count=stop - base, offset=base).copy()
+        fields = spans[1:, 0] - base - 8
+        for k in range(8):
+            run[fields + k] = 0x20
+        try:
+            str(memoryview(run), "utf-8")
+            return -1
+        except UnicodeDecodeError:
+            pass
+        for i, (start, end) in enumerate(spans.tolist()):
+            try:
+                self.buf[start:end].decode("utf-8")
+            except UnicodeDecodeError:
+                return i
+        return -1
 
     def array(self, what: str, depth: int) -> Any:
         etype = self.scalar("I", what)
@@ -114,7 +132,8 @@ class _Cursor:
             start = self.take(count * struct.calcsize(code), what)
             values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy()
             return values.astype(bool) if etype == 7 else values
-        if count > self.size - self.pos:  # every element takes at least one byte
+        least = 8 if etype == _STRING else 1  # bytes an element takes at the least (a string: its length)
+        if count * least > self.size - self.pos:
             raise self.fail(f"{what} claims {count} elements, more than the file can hold")
         if etype == _STRING and count >= _COMPACT_STRINGS:
             return self.strings(count, what)
@@ -123,21 +142,35 @@ class _Cursor:
     def strings(self, count: int, what: str) -> StringArray:
         """A long string array (a vocabulary, merges) as one compact StringArray, each element
         checked to be UTF-8 as string() does."""
+        first = self.pos
+        scanned = gguf_string_ends(np.frombuffer(self.buf, np.uint8), first, count)
+        if scanned is None:
+            stops = self._string_ends(count, what)
+        else:
+            stops, bad = scanned
+            if bad >= 0:
+                at = int(stops[bad - 1]) if bad else first
+                raise self.fail(f"truncated: {what}[{bad}] at byte {at}")
+        self.pos = int(stops[-1])
+        starts = np.concatenate(([first], stops[:-1])) + 8  # each string follows its 8-byte length
+        spans = np.stack([starts, stops], axis=1)
+        self.check_utf8(spans, what)
+        return StringArray.from_spans(self.buf, spans)
+
+    def _string_ends(self, count: int, what: str) -> np.ndarray:
+        """strings()' walk in Python, where the native library cannot run."""
         buf, pos, size, length_at = self.buf, self.pos, self.size, _U64.unpack_from
-        starts, ends = [0] * count, [0] * count
-        for i in range(count):  # the hot loop of opening a file: kept to plain ints
-            if pos + 8 > size:
-                raise self.fail(f"truncated: {what}[{i}] at byte {pos}")
-            start = pos + 8
-            pos = start + length_at(buf, pos)[0]
-            starts[i], ends[i] = start, pos
+        ends = [0] * count
+        i = 0
+        try:
+            for i in range(count):  # one read and one add a string
+                pos += 8 + length_at(buf, pos)[0]
+                ends[i] = pos
+        except (struct.error, OverflowError):  # a length field past the end of the file
+            raise self.fail(f"truncated: {what}[{i}] at byte {pos}") from None
         if pos > size:
             raise self.fail(f"truncated: {what} ends at byte {pos}, file has {size}")
-        self.pos = pos
-        spans = np.array([starts, ends], dtype=np.int64).T
-        if count:
-            self.check_utf8(spans, what)
-        return StringArray.from_spans(self.buf, spans)
+        return np.array(ends, dtype=np.int64)
 
 
 class GGUFFile(MappedFile):

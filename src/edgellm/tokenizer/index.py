@@ -42,7 +42,7 @@ class VocabIndex:
             hashed[list(respelled)] = False
             ids = ids[hashed[ids]]
         self._bits = max(4, (2 * len(ids)).bit_length())
-        table = _open_addressing_table(_slots(hashes[ids], self._bits), ids, self._bits)
+        table = _probing_table(_slots(hashes[ids], self._bits), ids, self._bits)
         self._hashes, self._table = memoryview(hashes), memoryview(table)  # indexing yields ints
         self._starts, self._ends = memoryview(starts), memoryview(ends)
 
@@ -54,11 +54,11 @@ class VocabIndex:
         except UnicodeEncodeError:  # a lone surrogate: no token holds one
             return found
         h = text_hash(raw)
-        mask, slot = (1 << self._bits) - 1, ((h * _MIX) & _U64) >> (64 - self._bits)
+        slot = ((h * _MIX) & _U64) >> (64 - self._bits)
         while (token_id := self._table[slot]) >= 0:
             if self._hashes[token_id] == h and self._blob[self._starts[token_id]:self._ends[token_id]] == raw:
                 return token_id if found is None else max(found, token_id)
-            slot = (slot + 1) & mask
+            slot += 1
         return found
 
     def __contains__(self, text: str) -> bool:
@@ -69,23 +69,23 @@ class VocabIndex:
 
 
 def string_hashes(strings: Sequence[str]) -> np.ndarray:
-    """text_hash of every string, computed over the bytes a column at a time: longest strings
-    first, so the strings still going at byte j are a prefix of that order."""
+    """text_hash of every string, summed over the bytes a column at a time: longest strings
+    first, so the strings still going at byte j are a prefix of that order. Each term is below
+    2^39, so the sums stay exact in uint64 and are reduced once, at the end."""
     blob, starts, ends = as_string_array(strings).spans()
     raw = np.frombuffer(blob, np.uint8)
     lengths = (ends - starts).astype(np.int64)
     order = np.argsort(-lengths, kind="stable")
     first, remaining = starts[order].astype(np.int64), lengths[order]
-    hashes = np.zeros(len(order), np.uint64)
+    sums = np.zeros(len(order), np.uint64)
     power = 1
     for j in range(int(remaining[0]) if len(order) else 0):
         going = int(np.searchsorted(-remaining, -j, side="left"))  # strings longer than j
-        column = raw[first[:going] + j].astype(np.uint64) * np.uint64(power)
-        hashes[:going] = (hashes[:going] + column) % np.uint64(_MODULUS)
+        sums[:going] += raw[first[:going] + j] * np.uint64(power)
         power = power * 256 % _MODULUS
-    out = np.empty_like(hashes)
-    out[order] = hashes
-    return out.astype(np.int64)
+    hashes = np.empty(len(order), np.int64)
+    hashes[order] = (sums % np.uint64(_MODULUS)).astype(np.int64)
+    return hashes
 
 
 def _slots(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -93,19 +93,17 @@ def _slots(hashes: np.ndarray, bits: int) -> np.ndarray:
     return (mixed >> np.uint64(64 - bits)).astype(np.int64)
 
 
-def _open_addressing_table(slots: np.ndarray, ids: np.ndarray, bits: int) -> np.ndarray:
-    """2^bits slots holding token ids at their own slot or the next free one after it (linear
-    probing), placed in rounds: each round, every id still waiting claims its slot if free --
-    the first in `ids` order first -- and moves one slot on otherwise."""
-    size = 1 << bits
-    table = np.full(size, -1, np.int32)
-    waiting = ids
-    while len(waiting):
-        free = np.flatnonzero(table[slots] < 0)
-        claimed, first = np.unique(slots[free], return_index=True)  # first waiting id per slot
-        winners = free[first]
-        table[claimed] = waiting[winners]
-        keep = np.ones(len(waiting), bool)
-        keep[winners] = False
-        waiting, slots = waiting[keep], (slots[keep] + 1) & (size - 1)
+def _probing_table(slots: np.ndarray, ids: np.ndarray, bits: int) -> np.ndarray:
+    """Token ids placed by linear probing in one vectorized pass: in order of their home slot
+    (`ids` order among equal ones, so the first of equal texts is met first), each at its home
+    or just after the one before, whichever is later -- every slot from an id's home to its place
+    is then taken, which is what a probe relies on. The runs spill past the last home slot rather
+    than wrap; an empty slot past them all ends every probe."""
+    order = np.argsort(slots, kind="stable")
+    homes = slots[order]
+    steps = np.arange(len(homes))
+    places = np.maximum.accumulate(homes - steps) + steps if len(homes) else homes
+    last = int(places[-1]) if len(places) else 0
+    table = np.full(max(1 << bits, last + 1) + 1, -1, np.int32)  # any home slot, then an empty one
+    table[places] = ids[order]
     return table
