@@ -300,6 +300,12 @@ def test_unsupported_tokenizer_models_raise():
             "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"],
             "tokenizer.ggml.merges": [], "tokenizer.ggml.bos_token_id": 5,
         })
+    for merge in ["ab", " a", "a ", ""]:
+        with pytest.raises(TokenizerError, match="malformed merge"):
+            Tokenizer.from_gguf_metadata({
+                "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+                "tokenizer.ggml.merges": ["a b", merge],
+            })
 
 
 def test_tiny_sentencepiece_vocab_derives_merges(tmp_path, monkeypatch):
@@ -366,7 +372,7 @@ def test_vocab_index_finds_every_token_and_the_last_of_equals():
 def test_vocab_index_hashes_in_numpy_what_python_hashes():
     from edgellm.tokenizer.index import string_hashes, text_hash
 
-    texts = ["", "a", "ab", "é", "日本語", "🦙" * 40, "x" * 300, "\x00\x01"]
+    texts = ["", "a", "ab", "é", "日本語", "🦙" * 40, "x" * 300, "\x00\x01", "y" * 3000, "é" * 1500]
     assert string_hashes(texts).tolist() == [text_hash(t.encode()) for t in texts]
 
 

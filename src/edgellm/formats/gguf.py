@@ -158,9 +158,9 @@ class _Cursor:
         return StringArray.from_spans(self.buf, spans)
 
     def _string_ends(self, count: int, what: str) -> np.ndarray:
-        """strings()' walk in Python, where the native library cannot run."""
+        """strings()' walk in Python, where the native library is not ready."""
         buf, pos, size, length_at = self.buf, self.pos, self.size, _U64.unpack_from
-        ends = [0] * count
+        ends = np.empty(count, np.int64)  # pages taken as filled: a false count fails before it costs
         i = 0
         try:
             for i in range(count):  # one read and one add a string
@@ -170,7 +170,7 @@ class _Cursor:
             raise self.fail(f"truncated: {what}[{i}] at byte {pos}") from None
         if pos > size:
             raise self.fail(f"truncated: {what} ends at byte {pos}, file has {size}")
-        return np.array(ends, dtype=np.int64)
+        return ends
 
 
 class GGUFFile(MappedFile):

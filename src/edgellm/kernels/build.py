@@ -267,6 +267,16 @@ def library() -> ctypes.CDLL | None:
         return None
 
 
+def library_if_ready() -> ctypes.CDLL | None:
+    """The selected variant's library where having it takes no compile (loaded already, carried by
+    the wheel, or compiled here before), else None: for work it only speeds up, such as reading a
+    file's header, where waiting ~10 s for a compile would cost more than it saves."""
+    if library.cache_info().currsize or os.environ.get("EDGELLM_KERNELS", "1") == "0":
+        return library()
+    variant = selected()
+    return library() if prebuilt_paths(variant) or library_path(variant).is_file() else None
+
+
 def available() -> bool:
     return library() is not None
 

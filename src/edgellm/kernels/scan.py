@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgellm.kernels.build import library
+from edgellm.kernels.build import library_if_ready
 
 
 def gguf_string_ends(buf: np.ndarray, pos: int, count: int) -> tuple[np.ndarray, int] | None:
     """(ends, first_bad): the end of each of `count` strings laid out from byte `pos` of `buf`
     (uint8), first_bad -1 when all fit in `buf`, else the index of the first that does not (ends
     before it are filled). None where the native library cannot run."""
-    lib = library()
+    lib = library_if_ready()
     if lib is None:
         return None
     ends = np.empty(count, np.int64)
@@ -21,8 +21,8 @@ def gguf_string_ends(buf: np.ndarray, pos: int, count: int) -> tuple[np.ndarray,
 
 def first_bad_utf8(buf: np.ndarray, spans: np.ndarray) -> int | None:
     """The index of the first span (start, end) of `buf` (uint8) that is not well-formed UTF-8,
-    -1 when all are; None where the native library cannot run."""
-    lib = library()
+    -1 when all are; None where the native library is not ready."""
+    lib = library_if_ready()
     if lib is None:
         return None
     starts, ends = np.ascontiguousarray(spans[:, 0], np.int64), np.ascontiguousarray(spans[:, 1], np.int64)

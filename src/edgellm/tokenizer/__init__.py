@@ -39,7 +39,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """Build (or load from the on-disk cache) the tokenizer a GGUF's metadata describes."""
+        """The tokenizer a GGUF's metadata describes, on edgellm's own encoders."""
         vocab = read_vocab(metadata)
         return cls(vocab, SentencePieceBPE(vocab) if vocab.model == "llama" else ByteLevelBPE(vocab))
 

@@ -27,7 +27,9 @@ import numpy as np
 from edgellm.tokenizer.added import AddedTokens, Memo
 from edgellm.tokenizer.index import VocabIndex
 from edgellm.tokenizer.pretokenize import compile_split, pre_tokenizer
-from edgellm.tokenizer.spelling import byte_level_spelling, bytes_to_alphabet, outside_byte_alphabet, token_bytes
+from edgellm.errors import TokenizerError
+from edgellm.tokenizer.spelling import (byte_level_spelling, bytes_to_alphabet, malformed_merges, outside_byte_alphabet,
+                                        token_bytes)
 from edgellm.tokenizer.vocab import TokenType, Vocab
 
 # Pieces already encoded, as Hugging Face's BPE keeps them; cleared when it grows past this.
@@ -44,7 +46,10 @@ class ByteLevelBPE:
         self._whole_words = split.ignore_merges
         outside = outside_byte_alphabet(vocab.tokens)
         self._index = VocabIndex(vocab.tokens, {int(i): byte_level_spelling(vocab.tokens[i]) for i in outside})
-        self._merges = VocabIndex(vocab.merges or [])  # "left right" -> its rank (the later of equals)
+        merges = vocab.merges or []
+        if len(bad := malformed_merges(merges)):
+            raise TokenizerError(f"malformed merge {merges[int(bad[0])]!r} (expected 'left right')")
+        self._merges = VocabIndex(merges)  # "left right" -> its rank (the later of equals)
         kinds = np.asarray(vocab.types)
         # A CONTROL token outside the byte alphabet is a mislabelled ordinary token in these files.
         in_alphabet = np.ones(len(kinds), bool)
@@ -52,7 +57,8 @@ class ByteLevelBPE:
         control = np.flatnonzero((kinds == TokenType.CONTROL) & in_alphabet)
         user = np.flatnonzero(kinds == TokenType.USER_DEFINED)
         special = self._added_ids(control)
-        self._special = frozenset(special.values())  # what skip_special_tokens leaves out
+        # What skip_special_tokens leaves out: Hugging Face skips by text, so every id of those texts.
+        self._special = frozenset(special.values()) | frozenset(control.tolist())
         self._added = AddedTokens({**special, **self._added_ids(user)})
         self._words: dict[str, list[int]] = {}
 

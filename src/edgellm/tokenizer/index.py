@@ -19,6 +19,7 @@ from edgellm.formats.strings import as_string_array
 _MODULUS = (1 << 31) - 1
 _MIX = 0x9E3779B97F4A7C15
 _U64 = (1 << 64) - 1
+_COLUMNS = 1024  # strings longer than this are hashed one by one (see string_hashes)
 
 
 def text_hash(raw: bytes) -> int:
@@ -69,22 +70,26 @@ class VocabIndex:
 
 
 def string_hashes(strings: Sequence[str]) -> np.ndarray:
-    """text_hash of every string, summed over the bytes a column at a time: longest strings
-    first, so the strings still going at byte j are a prefix of that order. Each term is below
-    2^39, so the sums stay exact in uint64 and are reduced once, at the end."""
-    blob, starts, ends = as_string_array(strings).spans()
+    """text_hash of every string. Strings up to _COLUMNS bytes are summed a column of bytes at a
+    time, longest first, so the strings still going at byte j are a prefix of that order; each
+    term is below 2^39, so the sums stay exact in uint64 and are reduced once, at the end. Longer
+    strings (none in real vocabularies) are hashed one by one."""
+    array = as_string_array(strings)
+    blob, starts, ends = array.spans()
     raw = np.frombuffer(blob, np.uint8)
     lengths = (ends - starts).astype(np.int64)
     order = np.argsort(-lengths, kind="stable")
     first, remaining = starts[order].astype(np.int64), lengths[order]
+    long = int(np.searchsorted(-remaining, -_COLUMNS, side="left"))  # strings longer than _COLUMNS
     sums = np.zeros(len(order), np.uint64)
     power = 1
-    for j in range(int(remaining[0]) if len(order) else 0):
+    for j in range(min(int(remaining[0]), _COLUMNS) if len(order) else 0):
         going = int(np.searchsorted(-remaining, -j, side="left"))  # strings longer than j
-        sums[:going] += raw[first[:going] + j] * np.uint64(power)
+        sums[long:going] += raw[first[long:going] + j].astype(np.uint64) * np.uint64(power)
         power = power * 256 % _MODULUS
     hashes = np.empty(len(order), np.int64)
     hashes[order] = (sums % np.uint64(_MODULUS)).astype(np.int64)
+    hashes[order[:long]] = [text_hash(array.raw(int(i))) for i in order[:long]]
     return hashes
 
 
@@ -95,7 +100,8 @@ def _slots(hashes: np.ndarray, bits: int) -> np.ndarray:
 
 def _probing_table(slots: np.ndarray, ids: np.ndarray, bits: int) -> np.ndarray:
     """Token ids placed by linear probing in one vectorized pass: in order of their home slot
-    (`ids` order among equal ones, so the first of equal texts is met first), each at its home
+    (`ids` order among equal ones: VocabIndex lists the highest id first, so a probe meets the
+    last of equal texts first), each at its home
     or just after the one before, whichever is later -- every slot from an id's home to its place
     is then taken, which is what a probe relies on. The runs spill past the last home slot rather
     than wrap; an empty slot past them all ends every probe."""

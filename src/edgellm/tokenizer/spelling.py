@@ -67,6 +67,17 @@ def outside_byte_alphabet(tokens: Sequence[str]) -> np.ndarray:
     return np.flatnonzero(_flagged_bytes(bad, starts, ends) > 0)
 
 
+def malformed_merges(merges: Sequence[str]) -> np.ndarray:
+    """Ids of the merges not written "left right": without a space, or with one at either end."""
+    blob, starts, ends = as_string_array(merges).spans()
+    raw = np.frombuffer(blob, np.uint8)
+    spaces = _flagged_bytes(raw == 0x20, starts, ends)
+    empty = ends <= starts
+    at_ends = ~empty & ((raw[np.minimum(starts, len(raw) - 1)] == 0x20) | (raw[np.maximum(ends - 1, 0)] == 0x20)) \
+        if len(raw) else empty
+    return np.flatnonzero(empty | (spaces == 0) | at_ends)
+
+
 # -- SentencePiece ("llama") vocabularies -----------------------------------------------------
 
 
