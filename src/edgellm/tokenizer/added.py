@@ -1,8 +1,10 @@
-"""Pieces shared by edgellm's encoders: cutting added tokens out of text, and memoized lookups."""
+"""Pieces shared by edgellm's encoders: cutting added tokens out of text, memoized lookups, and
+the BPE merge loop itself."""
 from __future__ import annotations
 
+import heapq
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Memo(dict):
@@ -41,3 +43,33 @@ class AddedTokens:
                     start = pos = at + length
                     break
         yield text[start:], None
+
+
+def merge_pieces(texts: list[str | None], ids: list[int],
+                 candidate: Callable[[str, str, int], tuple | None],
+                 still_merges: Callable[[str, str, str], bool]) -> list[int]:
+    """BPE over a doubly linked list of pieces, with a heap of candidate merges. `candidate(left
+    text, right text, left index)` is a heap entry ending in (left index, merged text, token id),
+    ordered as the encoder's merge priority, or None where the pair does not merge. An entry goes
+    stale when a neighbour merges first; it is dropped unless `still_merges(left text, right
+    text, merged text)` (the test Hugging Face's BPE makes, kept for equal output)."""
+    n = len(texts)
+    prev, next_ = list(range(-1, n - 1)), list(range(1, n + 1))
+    if n:
+        next_[-1] = -1
+    heap = [c for i in range(n - 1) if (c := candidate(texts[i], texts[i + 1], i)) is not None]
+    heapq.heapify(heap)
+    while heap:
+        left, merged, token_id = heapq.heappop(heap)[-3:]
+        right = next_[left]
+        if texts[left] is None or right < 0 or not still_merges(texts[left], texts[right], merged):
+            continue
+        texts[left], texts[right], ids[left] = merged, None, token_id
+        next_[left] = after = next_[right]
+        if after >= 0:
+            prev[after] = left
+            if (c := candidate(merged, texts[after], left)) is not None:
+                heapq.heappush(heap, c)
+        if (before := prev[left]) >= 0 and (c := candidate(texts[before], merged, before)) is not None:
+            heapq.heappush(heap, c)
+    return [token_id for token_id, text in zip(ids, texts) if text is not None]

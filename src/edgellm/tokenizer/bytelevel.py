@@ -18,13 +18,12 @@ from the same file (tests compare both, and against llama.cpp's vocab fixtures):
 """
 from __future__ import annotations
 
-import heapq
 import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from edgellm.tokenizer.added import AddedTokens, Memo
+from edgellm.tokenizer.added import AddedTokens, Memo, merge_pieces
 from edgellm.tokenizer.index import VocabIndex
 from edgellm.tokenizer.pretokenize import compile_split, pre_tokenizer
 from edgellm.errors import TokenizerError
@@ -119,39 +118,17 @@ class ByteLevelBPE:
 
 
 def _merge(texts: list[str | None], ids: list[int], ranks: Memo, lookup: Memo) -> list[int]:
-    """BPE over a doubly linked list of pieces, with a heap of candidate merges ordered by rank,
-    then position. An entry goes stale when a neighbour merges first; it is dropped unless its
-    pair is still a merge into the same token (Hugging Face's test, kept for equal output)."""
-    n = len(texts)
-    prev, next_ = list(range(-1, n - 1)), list(range(1, n + 1))
-    if n:
-        next_[-1] = -1
-
-    def candidate(left: int, right: int) -> tuple[int, int, str, int] | None:
-        rank = ranks[f"{texts[left]} {texts[right]}"]
-        if rank is None:
+    """Merges by rank, then position; a stale entry still merges when its pair is still a merge
+    into the same token."""
+    def candidate(left: str, right: str, at: int) -> tuple[int, int, str, int] | None:
+        if (rank := ranks[f"{left} {right}"]) is None or (token_id := lookup[left + right]) is None:
             return None
-        merged = texts[left] + texts[right]
-        token_id = lookup[merged]
-        return None if token_id is None else (rank, left, merged, token_id)
+        return rank, at, left + right, token_id
 
-    heap = [c for i in range(n - 1) if (c := candidate(i, i + 1)) is not None]
-    heapq.heapify(heap)
-    while heap:
-        _, left, merged, token_id = heapq.heappop(heap)
-        right = next_[left]
-        if texts[left] is None or right < 0 or texts[left] + texts[right] != merged \
-                or ranks[f"{texts[left]} {texts[right]}"] is None:
-            continue
-        texts[left], texts[right], ids[left] = merged, None, token_id
-        next_[left] = after = next_[right]
-        if after >= 0:
-            prev[after] = left
-            if (c := candidate(left, after)) is not None:
-                heapq.heappush(heap, c)
-        if prev[left] >= 0 and (c := candidate(prev[left], left)) is not None:
-            heapq.heappush(heap, c)
-    return [token_id for token_id, text in zip(ids, texts) if text is not None]
+    def still_merges(left: str, right: str, merged: str) -> bool:
+        return left + right == merged and ranks[f"{left} {right}"] is not None
+
+    return merge_pieces(texts, ids, candidate, still_merges)
 
 
 def _isolate(pattern: re.Pattern, text: str) -> Iterator[str]:

@@ -24,13 +24,12 @@ Face drops it silently); and an id whose text a later token repeats decodes as i
 """
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 import numpy as np
 
 from edgellm.errors import TokenizerError
-from edgellm.tokenizer.added import AddedTokens, Memo
+from edgellm.tokenizer.added import AddedTokens, Memo, merge_pieces
 from edgellm.tokenizer.index import VocabIndex
 from edgellm.tokenizer.spelling import (SPIECE_SPACE, byte_token_value, check_sentencepiece, merge_ranks,
                                         space_run_tokens, spell_piece)
@@ -129,37 +128,16 @@ class SentencePieceBPE:
         return self._vocab.tokens[unk_id], unk_id
 
     def _merge(self, pieces: list[tuple[str, int]], lookup: Memo) -> list[int]:
-        """BPE over a doubly linked list of pieces, with a heap of candidate merges. A heap entry
-        goes stale when a neighbour merges first; it is dropped unless its position still
-        merges into the same token (the check Hugging Face's BPE makes, kept for equal output)."""
-        texts: list[str | None] = [text for text, _ in pieces]
-        ids = [token_id for _, token_id in pieces]
-        n = len(texts)
-        prev, next_ = list(range(-1, n - 1)), list(range(1, n + 1))
-        next_[-1] = -1
+        """Merges by the result's rank, then the longer left half, then position; a stale entry
+        still merges when its pieces still make the same text (the same text is the same id)."""
         ranks = self._ranks
 
-        def candidate(left: int, right: int) -> tuple[int, int, int, str, int] | None:
-            merged = texts[left] + texts[right]
-            token_id = lookup[merged]
-            return None if token_id is None else (ranks[token_id], -len(texts[left]), left, merged, token_id)
+        def candidate(left: str, right: str, at: int) -> tuple[int, int, int, str, int] | None:
+            token_id = lookup[left + right]
+            return None if token_id is None else (ranks[token_id], -len(left), at, left + right, token_id)
 
-        heap = [c for i in range(n - 1) if (c := candidate(i, i + 1)) is not None]
-        heapq.heapify(heap)
-        while heap:
-            _, _, left, merged, token_id = heapq.heappop(heap)
-            right = next_[left]
-            if texts[left] is None or right < 0 or texts[left] + texts[right] != merged:
-                continue  # stale: the same text means the same token id, HF's test
-            texts[left], texts[right], ids[left] = merged, None, token_id
-            next_[left] = after = next_[right]
-            if after >= 0:
-                prev[after] = left
-                if (c := candidate(left, after)) is not None:
-                    heapq.heappush(heap, c)
-            if prev[left] >= 0 and (c := candidate(prev[left], left)) is not None:
-                heapq.heappush(heap, c)
-        return [token_id for token_id, text in zip(ids, texts) if text is not None]
+        return merge_pieces([text for text, _ in pieces], [token_id for _, token_id in pieces], candidate,
+                            lambda left, right, merged: left + right == merged)
 
 
 def _utf8_or_replacement(raw: bytearray) -> str:
