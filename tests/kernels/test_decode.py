@@ -531,10 +531,13 @@ def test_the_native_pieces_take_prompts_as_long_as_they_were_measured_faster():
 
 
 @pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
-def test_a_prompt_goes_in_native_pieces_up_to_the_decoders_limit_and_whole_beyond(name, request, monkeypatch):
-    """prefill sends a prompt of prompt_tokens tokens through the native pieces and one token longer
-    through the prompt path (no native call), the limit being the variant's for the model's weights:
-    SmolLM2's layers are all one plane of 4-bit codes, Gemma 3's Q4_K_M mixes in 5- and 6-bit ones."""
+def test_a_prompt_goes_in_decode_sized_pieces_up_to_the_decoders_limit_and_in_gemm_pieces_beyond(name, request,
+                                                                                                monkeypatch):
+    """prefill sends a prompt of prompt_tokens tokens through the native step in pieces of MAX_SEQS rows
+    (the decode GEMVs) and one token longer in pieces of up to max_rows (the int8 prompt GEMMs), or
+    through the PyTorch prompt path where this build has no int8 GEMM; the limit is the variant's for
+    the model's weights: SmolLM2's layers are all one plane of 4-bit codes, Gemma 3's Q4_K_M mixes in
+    5- and 6-bit ones."""
     from edgellm.generate.generator import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model, torch.inference_mode():
@@ -542,18 +545,63 @@ def test_a_prompt_goes_in_native_pieces_up_to_the_decoders_limit_and_whole_beyon
         limit = net.decoder.prompt_tokens
         assert limit == native_prompt_tokens(kernels.selected(), single_plane_int4=name == "smollm2_path")
         ids = (model.tokenizer.encode("The tide comes in and goes out. " * 80) * 2)[:limit + 1]
-        calls = {"native": 0}
+        rows: list[int] = []
         step_rows = net.decoder.step_rows
 
-        def counted(*args, **kwargs):
-            calls["native"] += 1
-            return step_rows(*args, **kwargs)
+        def counted(work, *args, **kwargs):
+            rows.append(sum(len(tokens) for _, tokens in work))
+            return step_rows(work, *args, **kwargs)
 
         monkeypatch.setattr(net.decoder, "step_rows", counted)
-        for n, native in ((limit, True), (limit + 1, False)):
-            calls["native"] = 0
+        for n in (limit, limit + 1):
+            rows.clear()
             seq, _ = model.kv.new_sequence()
             prefill(net, seq, ids[:n])
             seq.release()
             model.kv.forget_prefixes()
-            assert (calls["native"] > 0) == native, n
+            if n == limit:
+                assert sum(rows) == n and max(rows) <= MAX_SEQS
+            elif net.decoder.prompt_gemm:
+                assert sum(rows) == n and max(rows) > MAX_SEQS and max(rows) <= net.decoder.max_rows
+            else:
+                assert rows == []
+
+
+def _run_logits(model, pieces: list[list[int]]) -> torch.Tensor:
+    """Every row's logits of the pieces' tokens, fed to one fresh sequence one call per piece (as
+    Model.logits does: nothing remembered for prefix reuse)."""
+    seq, _ = model.kv.new_sequence()
+    rows = []
+    with torch.inference_mode():
+        for piece in pieces:
+            seq.prepare(len(piece))
+            rows.append(torch.as_tensor(model.net(np.array([piece]), seq)[0]))
+    seq.release()
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("name", ["smollm2_path", "gemma3_path"])
+def test_a_long_prompt_goes_in_gemm_pieces_with_the_prompt_paths_logits(name, request):
+    """A prompt longer than max_rows goes through the native layers in pieces whose projections are int8
+    GEMMs (layer_ops.h prompt_gemm): every row's logits near the PyTorch prompt path's (its GEMMs in bf16
+    or fp32: measured 1 % of a row's largest logit apart at the median, at most 3 %), a token's row bit for bit the same whichever piece it came in (a prompt whole or after a
+    cached prefix), and prefill's last logits those of the whole run."""
+    from edgellm.generate.generator import prefill
+
+    with edgellm.load(request.getfixturevalue(name)) as model:
+        net = model.net
+        if not net.decoder.prompt_gemm:
+            pytest.skip("this build has no int8 prompt GEMM: long prompts take the PyTorch prompt path")
+        text = "The harbour light turns over the water, slow and patient, every night of the year. " * 60
+        ids = model.tokenizer.encode(text)[:600]  # Gemma 3's sliding layers' rings (512) wrap inside a piece
+        assert len(ids) == 600 and len(ids) > 4 * net.decoder.max_rows
+        whole = _run_logits(model, [ids])
+        split = _run_logits(model, [ids[:100], ids[100:]])
+        assert torch.equal(whole, split)
+        with pytorch_layers(net):
+            plain = _run_logits(model, [ids])
+        apart = (whole - plain).abs().amax(-1) / plain.abs().amax(-1)
+        assert apart.median() < 2e-2 and apart.max() < 5e-2
+        seq, _ = model.kv.new_sequence()
+        assert torch.equal(torch.as_tensor(prefill(net, seq, ids)), whole[-1])
+        seq.release()

@@ -258,3 +258,34 @@ def test_each_tokens_outliers_are_its_largest_values_wherever_they_sit(k):
         assert torch.equal(quantized.values[token], x[token, chosen[token].long()])
     for token in range(5):
         assert chosen[token].tolist() == sorted(chosen[token].tolist())  # ascending: a fixed order for their sum
+
+
+def _i8_variants() -> list:
+    return [v for v in kernels.runnable() if v.name != "scalar" and kernels.library_for(v).edgellm_int8_gemm_native()]
+
+
+@pytest.mark.parametrize("variant", _i8_variants(), ids=lambda v: v.label)
+def test_a_weight_packed_strip_by_strip_gives_the_panels_product_bit_for_bit(variant):
+    """edgellm_int8_gemm_weight (the native layers' prompt GEMM: each thread packs a strip of 16 rows and
+    multiplies it at once, on edgellm's pool) computes what packing the whole panel first does, for 4-bit
+    I4R64 codes, widened Q5_0 and Q6_K, with outliers, a token count that is no whole tile, and an output
+    wider than the weight (a fused projection's part)."""
+    from edgellm.kernels.buffers import address
+
+    lib = kernels.library_for(variant)
+    gen = torch.Generator().manual_seed(21)
+    t, k = 19, 512
+    x = _activations(t, k, gen)
+    packed, pairs, _ = _i4r64(128, k, gen)
+    q5, _ = _q5_0_in_q8r16(48, k, gen)
+    q6, _ = _q6_k(32, k)
+    prompt = Int8Prompt(x, lib)
+    for bits, weight, scale_zero, expected in [(4, packed, pairs, prompt.times_i4r64(packed, pairs, (0, 128))),
+                                               (5, q5, None, prompt.times_q5_0(q5)), (6, q6, None, prompt.times_q6_k(q6))]:
+        n = expected.shape[1]
+        out = torch.full((t, n + 16), -1.0)
+        lib.edgellm_int8_gemm_weight(prompt.act.data_ptr(), t, k, address(weight), address(scale_zero), n, bits,
+                                     out.data_ptr(), n + 16, prompt.channels.data_ptr(), len(prompt.channels),
+                                     prompt.at.data_ptr(), prompt.values.data_ptr(), prompt.at.shape[1], 2)
+        assert torch.equal(out[:, :n], expected), bits
+        assert (out[:, n:] == -1.0).all()  # nothing past the part's columns

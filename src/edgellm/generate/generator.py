@@ -31,16 +31,17 @@ class CausalLM(Protocol):
 
 def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> np.ndarray:
     """Run `ids` through the model into `seq` in pieces of at most `chunk` that end on KV block
-    boundaries (or pieces of MAX_SEQS rows of the native decode step, where the decoder takes them:
-    short prompts, where they beat the prompt path, kernels/decode.py native_prompt_tokens); returns the
+    boundaries (or pieces of the native step, where the decoder takes them: kernels/decode.py
+    FusedDecoder.takes_prompt and piece_rows); returns the
     last position's logits. (A ring-window-sized piece that began inside a
     block — after a few tokens interleaved with other streams — would push that block's first
     tokens out of the ring before the block is remembered for prefix reuse: prefill_chunk.)"""
     logits, start, block = None, 0, seq.config.block_size
     decoder = getattr(model, "decoder", None)
     native = decoder is not None and decoder.takes_prompt(len(ids))
+    rows = decoder.piece_rows(len(ids)) if native else chunk
     while start < len(ids):
-        size = MAX_SEQS if native else chunk
+        size = rows
         if size >= block:  # a piece shorter than a block cannot push a block's first tokens out of a ring
             size -= seq.offset % block
         piece = list(ids[start:start + size])

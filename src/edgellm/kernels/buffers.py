@@ -17,6 +17,13 @@ def address(x) -> int | None:
     return x.data_ptr()
 
 
+def aligned_bytes(n: int, alignment: int = 64) -> np.ndarray:
+    """n bytes of scratch starting on an `alignment` boundary (a cache line: the C kernels' buffers)."""
+    raw = np.empty(n + alignment, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start:start + n]
+
+
 def as_array(x) -> np.ndarray:
     """x as a numpy array sharing its memory (a bf16 tensor as uint16 bits)."""
     if isinstance(x, np.ndarray):

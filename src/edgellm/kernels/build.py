@@ -70,6 +70,8 @@ _SIGNATURES = {
     "edgellm_decode_attention_floats": (_i64, [_i64, _i64, _i64, _i64, _i, _i]),
     "edgellm_decode_attention_max_group_floats": (_i64, []),
     "edgellm_layer_floats": (_i64, [_p, _i]),
+    "edgellm_layer_work_bytes": (_i64, [_p, _i]),
+    "edgellm_max_prompt_rows": (_i, []),
     "edgellm_int16_gemm_native": (_i, []),
     "edgellm_int16_gemm_panel_bytes": (_i64, [_i64, _i64]),
     "edgellm_int16_gemm_work_bytes": (_i64, [_i64, _i64]),
@@ -82,11 +84,14 @@ _SIGNATURES = {
     "edgellm_int8_pack_q8r16": (None, [_p, _i64, _i64, _p, _i]),
     "edgellm_int8_pack_q6_k": (None, [_p, _i64, _i64, _p, _i]),
     "edgellm_int8_quantize": (_i64, [_p, _i64, _i64, _i, _p, _p, _p, _p, _i]),
+    "edgellm_int8_quantize_pooled": (_i64, [_p, _i64, _i64, _i, _p, _p, _p, _p, _i]),
     "edgellm_argmax": (_i64, [_p, _i64]),
     "edgellm_exp_sum": (_f64, [_p, _i64, _f32, _f32]),
     "edgellm_draw": (_i64, [_p, _i64, _f32, _f32, _f64]),
     "edgellm_top_logits": (_i64, [_p, _i64, _i64, _p, _p]),
     "edgellm_int8_gemm": (None, [_p, _i64, _i64, _p, _i64, _i, _p, _i64, _p, _i64, _p, _p, _i, _i]),
+    "edgellm_int8_gemm_weight": (None, [_p, _i64, _i64, _p, _p, _i64, _i, _p, _i64, _p, _i64, _p, _p, _i, _i]),
+    "edgellm_int8_pack_strip": (None, [_p, _p, _i64, _i64, _i64, _i, _p]),
 }
 
 
@@ -282,12 +287,15 @@ def available() -> bool:
 
 
 def describe() -> str:
-    """What runs here, in a few words: the kernel variant (or why none) and the GEMM dtype."""
+    """What runs here, in a few words: the kernel variant (or why none) and the prompt GEMMs' arithmetic."""
     dtype = "bf16" if selected().bf16 else "fp32"
     if available():
-        if dtype == "fp32":  # without native bf16: int8 on 4-bit / Q5_0 / Q6_K codes, int16 on the rest (AVX-VNNI)
-            kinds = [kind for kind in ("int8", "int16") if getattr(library(), f"edgellm_{kind}_gemm_native")()]
-            dtype = " + ".join(kinds) or dtype
+        # int8 on 4-bit / Q5_0 / Q6_K codes (the native layers' prompt pieces, and PyTorch's prompt path
+        # without native bf16), int16 on the rest there (AVX-VNNI)
+        kinds = [kind for kind in ("int8", "int16") if getattr(library(), f"edgellm_{kind}_gemm_native")()]
+        if dtype == "bf16":
+            kinds = kinds[:1] if kinds[:1] == ["int8"] else []
+        dtype = " + ".join(kinds) or dtype
         return f"{selected().label} native kernels, {dtype} prompt GEMMs"
     why = "EDGELLM_KERNELS=0" if os.environ.get("EDGELLM_KERNELS", "1") == "0" else "no working C compiler"
     return f"PyTorch layers only ({why}), {dtype} GEMMs"

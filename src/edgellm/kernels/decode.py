@@ -29,7 +29,7 @@ import numpy as np
 
 from edgellm import kernels, threads
 from edgellm.extras import has_torch, torch, torch_loaded
-from edgellm.kernels.buffers import address
+from edgellm.kernels.buffers import address, aligned_bytes
 from edgellm.kernels.decode_caches import CacheViews
 from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16
 from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
@@ -100,24 +100,36 @@ class FusedDecoder:
         self.run_layers = self.lib.edgellm_decoder_layers
         self.run_layers.restype = None
         self._layer_addresses = (_p * len(self.layers))(*(ctypes.addressof(desc) for desc in self.layers))
-        self.buf = np.empty(self.lib.edgellm_layer_floats(ctypes.byref(self.layers[0].dims), MAX_SEQS), dtype=np.float32)
-        widest = max(cfg.hidden_size, cfg.intermediate_size, cfg.n_heads * cfg.head_dim)
-        self.work = np.empty(self.lib.edgellm_block_gemv_work(MAX_SEQS, widest), dtype=np.uint8)
+        # rows one call takes: a prompt's piece up to this many (its projections GEMMs: layer_ops.h prompt_gemm)
+        self.max_rows = self.lib.edgellm_max_prompt_rows()
+        dims = ctypes.byref(self.layers[0].dims)
+        self.buf = np.empty(self.lib.edgellm_layer_floats(dims, self.max_rows), dtype=np.float32)
+        self.work = aligned_bytes(self.lib.edgellm_layer_work_bytes(dims, self.max_rows))
         self.max_len = max_len
         self.caches = CacheViews(max_len)  # each sequence's KVSlots for the C layers
         # per adapter: the address of its LoraLayer for each layer (None: the C layers cannot take it)
         self._adapters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._rope_chunks: dict[int, _RopeChunk] = {}  # by position // _ROPE_CHUNK, oldest first
-        self._rope_rows: list[tuple] = []  # per table, a batch's cos and sin rows (numpy, MAX_SEQS x D)
+        self._rope_rows: list[tuple] = []  # per table, a call's cos and sin rows (numpy, max_rows x D)
         self._head = _NativeHead.of(net, self.lib)
         single_plane = all(isinstance(m, Int4Linear) and m.planes == 1 for block in net.blocks for m in linears(block))
         self.prompt_tokens = native_prompt_tokens(kernels.selected(), single_plane)
-        self.prompt_path = has_torch()  # the prompt path's GEMMs are PyTorch's (for now)
+        # Longer pieces multiply in the int8 GEMM (layer_ops.h prompt_gemm); a build without it (scalar,
+        # NEON without dot products) multiplies them as GEMVs, and PyTorch's prompt path, where it is
+        # installed, is faster there.
+        self.prompt_gemm = bool(self.lib.edgellm_int8_gemm_native())
+        self.prompt_path = has_torch() and not self.prompt_gemm
 
     def takes_prompt(self, tokens: int) -> bool:
-        """Whether a prompt (or its rest) of `tokens` goes in as pieces of MAX_SEQS rows of this step
-        (generator.prefill's choice): a short one, where pieces win, and any without PyTorch."""
+        """Whether a prompt (or its rest) of `tokens` goes in as pieces of this step (generator.prefill's
+        choice): a short one, where pieces win, and any where the prompt GEMMs are native or PyTorch is
+        missing."""
         return tokens <= self.prompt_tokens or not self.prompt_path
+
+    def piece_rows(self, tokens: int) -> int:
+        """The rows of each piece a prompt (or its rest) of `tokens` goes in as: MAX_SEQS, the decode
+        GEMVs, for a short one; max_rows, the prompt GEMMs, for a longer one."""
+        return MAX_SEQS if tokens <= self.prompt_tokens or not self.prompt_gemm else self.max_rows
 
     @classmethod
     def build(cls, net: NativeModel, mode: str) -> FusedDecoder | None:
@@ -148,23 +160,39 @@ class FusedDecoder:
 
     def step(self, tokens: np.ndarray, caches, last_only: bool = True) -> np.ndarray | None:
         """Logits (B, 1, V) for one token of each of B sequences (tokens (B, 1)), or for a piece of up
-        to MAX_SEQS tokens of one sequence (1, 1 or T, V); None if the caches do not fit."""
+        to max_rows tokens of one sequence (1, 1 or T, V); None if the caches do not fit."""
         per_seq = _sequence_layers(caches)
         if per_seq is None or tokens.shape[0] != len(per_seq) or (tokens.shape[1] > 1 and len(per_seq) > 1):
             return None
         adapters = [getattr(s, "adapter", None) for s in _sequences(caches)]
+        if tokens.shape[1] > self.max_rows:
+            return self._pieces([int(t) for t in tokens[0]], per_seq[0], adapters[0], last_only)
         work = [(layers, [int(t) for t in row]) for layers, row in zip(per_seq, tokens)]
         logits = self.step_rows(work, every_row=not last_only, adapters=adapters)
         if logits is None:
             return None
         return logits[None] if tokens.shape[1] > 1 and not last_only else logits[:, None]
 
+    def _pieces(self, ids: list[int], layers: Sequence, adapter, last_only: bool) -> np.ndarray | None:
+        """Logits of a long run of one sequence's tokens (1, 1 or T, V), in pieces of max_rows (teacher-forced
+        logits, a prompt in one call); None, with nothing written, where the caches or the adapter do not fit."""
+        if self.caches.sequence(layers, len(ids)) is None or self._lora_rows([(layers, ids)], [adapter]) is False:
+            return None
+        out = []
+        for start in range(0, len(ids), self.max_rows):
+            piece = ids[start:start + self.max_rows]
+            last = start + len(piece) == len(ids)
+            out.append(self.step_rows([(layers, piece)], every_row=not last_only, adapters=[adapter],
+                                      wanted=[last]))
+        return out[-1][None] if last_only else np.concatenate(out)[None]
+
     def step_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], every_row: bool = False,
                   adapters: Sequence | None = None, wanted: Sequence[bool] | None = None) -> np.ndarray | None:
         """One native call for several sequences' next tokens through every layer: (a sequence's per-layer
         caches, its tokens), one token for a decode step or a few for a prompt chunk or a
         speculative check (rows of one sequence are written and attended in order, so each sees
-        the ones before it: causal). At most MAX_SEQS rows in all. `adapters`: each entry's LoRA
+        the ones before it: causal). At most max_rows rows in all (more than MAX_SEQS: a prompt's piece,
+        whose projections are GEMMs). `adapters`: each entry's LoRA
         adapter (None: the base). Returns the logits of each entry's last token, (len(work), V) —
         or of the entries `wanted` says, in order: a prompt's piece whose logits nobody reads skips
         the head (Gemma 3's 262k rows: ~4 ms a call), none wanted is (0, V), the layers alone;
@@ -172,7 +200,7 @@ class FusedDecoder:
         rows = [(layers, layers[0].offset + j, t) for layers, tokens in work for j, t in enumerate(tokens)]
         m = len(rows)
         lora = self._lora_rows(work, adapters)
-        if not 0 < m <= MAX_SEQS or lora is False:
+        if not 0 < m <= self.max_rows or lora is False:
             return None
         per_entry = [self.caches.sequence(layers, len(tokens)) for layers, tokens in work]
         if None in per_entry:
@@ -241,7 +269,7 @@ class FusedDecoder:
         """Per layer, the addresses of cos and sin (m, D) for the rows' positions, and the tensors
         to keep alive until the call returns. A decode step reads one row of a table computed for
         _ROPE_CHUNK positions at a time (computing each step's angles cost ~0.3 ms); a batch's rows
-        are copied by numpy into buffers of MAX_SEQS rows (torch.stack and an indexing op per row
+        are copied by numpy into buffers of max_rows rows (torch.stack and an indexing op per row
         took ~0.1 ms a step: torch ops run from caches the weights just swept, and each lets other
         Python threads take the GIL)."""
         chunks = [self._rope_chunk(p // _ROPE_CHUNK) for p in positions]
@@ -251,12 +279,14 @@ class FusedDecoder:
             per_table = [(c.ctypes.data + row, s.ctypes.data + row) for c, s in chunks[0].tables]
         else:
             while len(self._rope_rows) < len(chunks[0].tables):
-                self._rope_rows.append(tuple(np.empty((MAX_SEQS, d), dtype=np.float32) for _ in range(2)))
+                self._rope_rows.append(tuple(np.empty((self.max_rows, d), dtype=np.float32) for _ in range(2)))
+            runs = _runs(positions)
             per_table = []
             for u, buffers in enumerate(self._rope_rows[:len(chunks[0].tables)]):
                 for half, rows in enumerate(buffers):
-                    for i, (chunk, p) in enumerate(zip(chunks, positions)):
-                        rows[i] = chunk.tables[u][half][p % _ROPE_CHUNK]
+                    for i, n in runs:  # a prompt's piece: a few slices, not a copy per row
+                        at = positions[i] % _ROPE_CHUNK
+                        rows[i:i + n] = chunks[i].tables[u][half][at:at + n]
                 per_table.append([rows.ctypes.data for rows in buffers])
         cos = (_p * len(layer_table))(*(per_table[u][0] for u in layer_table))
         sin = (_p * len(layer_table))(*(per_table[u][1] for u in layer_table))
@@ -274,6 +304,16 @@ class FusedDecoder:
 
 _ROPE_CHUNK = 64  # positions per cached RoPE table
 _ROPE_CHUNKS_KEPT = 16  # tables kept: up to MAX_SEQS sequences, each near a chunk boundary
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """(first row, length) of each run of consecutive positions within one RoPE chunk."""
+    runs, start = [], 0
+    for i in range(1, len(positions) + 1):
+        if i == len(positions) or positions[i] != positions[i - 1] + 1 or positions[i] % _ROPE_CHUNK == 0:
+            runs.append((start, i - start))
+            start = i
+    return runs
 
 
 class _RopeChunk:
@@ -316,11 +356,16 @@ class _NativeHead:
         return cls(norm, head, lib) if fits else None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        m, k = x.shape
         x = np.ascontiguousarray(x)
+        logits = np.empty((x.shape[0], self.head.out_features), dtype=np.float32)
+        for start in range(0, x.shape[0], MAX_SEQS):  # the GEMVs' rows a call
+            self._rows(x[start:start + MAX_SEQS], logits[start:start + MAX_SEQS])
+        return logits
+
+    def _rows(self, x: np.ndarray, logits: np.ndarray) -> None:
+        m, k = x.shape
         self.lib.edgellm_rms_norm(x.ctypes.data, m, k, self.norm.weight.ctypes.data, self.norm.eps,
                                   self.normed.ctypes.data, _FP32, 1)
-        logits = np.empty((m, self.head.out_features), dtype=np.float32)
         column = logits.ctypes.data
         for part in self.head.parts:
             n = part.rows.shape[0]
@@ -328,7 +373,6 @@ class _NativeHead:
                                         address(part.scale), column,
                                         self.head.out_features, self.work.ctypes.data, threads.current())
             column += 4 * n
-        return logits
 
 
 def _last_rows(work) -> list[int]:
@@ -353,10 +397,12 @@ def _sequence_layers(caches) -> list[list] | None:
 
 def fused_step(decoder: FusedDecoder | None, tokens, caches, last_only: bool = True):
     """The native step's logits when the model has a decoder and the step is one token per sequence,
-    or a short piece of one sequence's prompt: up to MAX_SEQS tokens as rows of the decode GEMVs cost
-    about half what the prompt path's eager layers do (SmolLM2, 8 tokens: ~10 against ~20 ms).
-    numpy without PyTorch in the process, else a tensor of the same memory."""
-    if decoder is None or len(tokens.shape) != 2 or not 1 <= tokens.shape[1] <= MAX_SEQS:
+    or one sequence's tokens (a prompt's piece, or a whole run in pieces of max_rows): up to MAX_SEQS tokens
+    as rows of the decode GEMVs cost about half what the prompt path's eager layers do (SmolLM2, 8 tokens:
+    ~10 against ~20 ms), longer pieces go through the int8 prompt GEMMs. numpy without PyTorch in the
+    process, else a tensor of the same memory."""
+    if decoder is None or len(tokens.shape) != 2 or tokens.shape[1] < 1 \
+            or (tokens.shape[1] > decoder.prompt_tokens and not decoder.takes_prompt(tokens.shape[1])):
         return None
     logits = decoder.step(np.asarray(tokens), caches, last_only)
     if logits is None or not torch_loaded():

@@ -129,12 +129,12 @@ static void attend_items(void *p, int64_t it0, int64_t it1) {
     }
 }
 
-/* Whether row i of an attend_rows call joins set r (the rows before it): the same dense cache, keys
-   split alike, and room on the stack for one more row's queries. */
+/* Whether row i of an attend_rows call joins set r (the rows before it): the same cache (dense, or a
+   ring: each row masks the slots it does not see), keys split alike, and room on the stack for one
+   more row's queries. */
 static inline int joins(const RowSet *r, const KVSlots *caches, int i, int64_t per, int group, int64_t d) {
     const KVSlots *c = &caches[r->r0];
-    return caches[i].pages == c->pages && !c->slot_pos && per == r->per
-           && (r->rows + 1) * group * d <= ATT_MAX_GROUP_FLOATS;
+    return caches[i].pages == c->pages && per == r->per && (r->rows + 1) * group * d <= ATT_MAX_GROUP_FLOATS;
 }
 
 /* out[i] (n_heads x d, rows out_stride apart) = attention of row i's query (one per head; rows

@@ -153,10 +153,15 @@ int edgellm_int8_gemm_native(void) {
 }
 
 #ifdef I8_NATIVE
+void edgellm_int8_pack_strip(const uint8_t *src, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t s,
+                             int bits, uint8_t *out);
+
 typedef struct {
     const uint8_t *rows;
     int64_t t, k;
-    const void *panel;
+    const void *panel;          /* packed strips, or NULL: each strip packed from weight as it comes */
+    const uint8_t *weight;
+    const uint16_t *scale_zero;
     int64_t n;
     int bits;
     float *out;
@@ -175,8 +180,10 @@ static void gemm_strips(void *p, int thread, int threads) {
     pool_share(a->n / I8_STRIP, thread, threads, &s0, &s1);
     if (s0 >= s1) return;
     float *cols = (float *)aligned_alloc(32, (size_t)(a->u > 0 ? a->u : 1) * I8_STRIP * 4);
+    uint8_t *own = a->panel ? NULL : (uint8_t *)aligned_alloc(64, (size_t)strip_bytes);
     for (int64_t s = s0; s < s1; s++) {
-        const uint8_t *strip = (const uint8_t *)a->panel + s * strip_bytes;
+        const uint8_t *strip = own ? own : (const uint8_t *)a->panel + s * strip_bytes;
+        if (own) edgellm_int8_pack_strip(a->weight, a->scale_zero, a->n, a->k, s, a->bits, own);
         strip_columns(strip, a->channels, a->u, a->bits == 6, cols);
         for (int64_t t0 = 0; t0 < a->t; t0 += I8_TILE) {
             Outliers o = {cols, a->at + t0 * a->r, a->values + t0 * a->r, a->r};
@@ -184,6 +191,7 @@ static void gemm_strips(void *p, int thread, int threads) {
                      (int)(a->t - t0 < I8_TILE ? a->t - t0 : I8_TILE), a->bits);
         }
     }
+    free(own);
     free(cols);
 }
 #endif
@@ -196,10 +204,26 @@ void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel,
                        int threads) {
 #ifdef I8_NATIVE
     const uint8_t *rows = (const uint8_t *)act;
-    Gemm a = {rows, t, k, panel, n, bits, out, ldo, channels, u, at, values, r};
+    Gemm a = {rows, t, k, panel, NULL, NULL, n, bits, out, ldo, channels, u, at, values, r};
     team_run(threads, gemm_strips, &a);
 #else
     (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)channels, (void)u,
         (void)at, (void)values, (void)r, (void)threads;
+#endif
+}
+
+/* The same product on the weight as the model holds it (edgellm_int8_pack_strip's `bits` and layouts, n % 16
+   == 0): each thread packs its strips one at a time into a buffer of its own and multiplies them while they
+   are in its cache. No panel of the whole weight: nothing to keep, and the weight is read once. On
+   edgellm's pool: the native layers' GEMM (layer_ops.h), between kernels that run there too (pool.h). */
+void edgellm_int8_gemm_weight(const void *act, int64_t t, int64_t k, const uint8_t *weight, const uint16_t *scale_zero,
+                              int64_t n, int bits, float *out, int64_t ldo, const int32_t *channels, int64_t u,
+                              const int32_t *at, const float *values, int r, int threads) {
+#ifdef I8_NATIVE
+    Gemm a = {(const uint8_t *)act, t, k, NULL, weight, scale_zero, n, bits, out, ldo, channels, u, at, values, r};
+    pool_run(threads, gemm_strips, &a);
+#else
+    (void)act, (void)t, (void)k, (void)weight, (void)scale_zero, (void)n, (void)bits, (void)out, (void)ldo,
+        (void)channels, (void)u, (void)at, (void)values, (void)r, (void)threads;
 #endif
 }

@@ -151,3 +151,25 @@ void edgellm_int8_pack_q6_k(const uint8_t *rows, int64_t n, int64_t k, void *pan
     (void)rows, (void)n, (void)k, (void)panel, (void)threads;
 #endif
 }
+
+/* Pack strip s (rows 16 s .. 16 s + 15) of a whole weight as its model holds it into `out`
+   ((k / 32) * GROUP_STRIDE bytes): bits 4, I4R64 codes with scale_zero (one plane, groups of 32); 5,
+   Q8R16 blocks holding Q5_0 values; 6, Q6_K rows. For GEMMs that pack each strip just before they use
+   it (int8_gemm.c edgellm_int8_gemm_weight), so the strip is still in the core's cache. */
+void edgellm_int8_pack_strip(const uint8_t *src, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t s,
+                             int bits, uint8_t *out) {
+#ifdef I8_NATIVE
+    for (int64_t g = 0; g < k / I8_GROUP; g++) {
+        uint8_t *codes = out + g * GROUP_STRIDE;
+        float *sz = (float *)(codes + GROUP_BYTES);
+        if (bits == 4)
+            pack_i4r64_group(src, scale_zero, n, k, s * I8_STRIP, g, codes, sz);
+        else if (bits == 6)
+            pack_q6_k_group(src, k, s, g, codes, sz);
+        else
+            pack_q8r16_group(src, k, s, g, codes, sz);
+    }
+#else
+    (void)src, (void)scale_zero, (void)n, (void)k, (void)s, (void)bits, (void)out;
+#endif
+}

@@ -110,13 +110,13 @@ static void quantize_rows(void *p, int thread, int threads) {
 /* Quantize x (t, k) fp32 into act. Each token's r (<= I8_MAX_OUTLIERS) largest channels are left out of
    it, their values in values (t, r); union (k) gets the u channels some token left out, ascending, and
    at (t, r) each token's outliers as indices into it. Returns u. */
-int64_t edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *at, float *values,
-                              int32_t *channels, int threads) {
+static int64_t quantize(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *at, float *values,
+                        int32_t *channels, int threads, void (*run)(int, PoolBody, void *)) {
 #ifdef I8_NATIVE
     uint8_t *rows = (uint8_t *)act;
     int64_t rb = row_bytes(k);
     Quantize a = {x, t, k, r, rows, rb, at, values};
-    team_run(threads, quantize_rows, &a);
+    run(threads, quantize_rows, &a);
     for (int64_t c = 0; c < k; c++) channels[c] = -1;  /* then: position in the union, or -1 */
     for (int64_t i = 0; i < t * r; i++) channels[at[i]] = 0;
     int64_t u = 0;
@@ -127,7 +127,18 @@ int64_t edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void 
         if (channels[c] >= 0) channels[j++] = (int32_t)c;
     return u;
 #else
-    (void)x, (void)t, (void)k, (void)r, (void)act, (void)at, (void)values, (void)channels, (void)threads;
+    (void)x, (void)t, (void)k, (void)r, (void)act, (void)at, (void)values, (void)channels, (void)threads, (void)run;
     return 0;
 #endif
+}
+
+int64_t edgellm_int8_quantize(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *at, float *values,
+                              int32_t *channels, int threads) {
+    return quantize(x, t, k, r, act, at, values, channels, threads, team_run);
+}
+
+/* The same on edgellm's pool: for the native layers (layer_ops.h), whose other kernels run there (pool.h). */
+int64_t edgellm_int8_quantize_pooled(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *at,
+                                     float *values, int32_t *channels, int threads) {
+    return quantize(x, t, k, r, act, at, values, channels, threads, pool_run);
 }

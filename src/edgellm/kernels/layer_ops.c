@@ -8,6 +8,14 @@ int64_t edgellm_layer_floats(const LayerDims *D, int m) {
     return m * (2 * D->hidden + qkv_width(D) + qd + 3 * D->inter + 3 * MAX_LORA_RANK) + attend_floats(D->n_heads, D->n_kv, D->head_dim, D->max_len, m < ATT_MAX_ROWS ? m : ATT_MAX_ROWS, ATT_MAX_THREADS);
 }
 
+/* The bytes of the layer functions' `work` for m rows (layer_ops.h gemv_work_bytes, prompt_work_bytes). */
+int64_t edgellm_layer_work_bytes(const LayerDims *D, int m) {
+    return gemv_work_bytes(D) + (m > MAX_SEQS ? prompt_work_bytes(D, m) : 0);
+}
+
+/* The most rows of one prompt a layer call takes (layer_types.h). */
+int edgellm_max_prompt_rows(void) { return MAX_PROMPT_ROWS; }
+
 void edgellm_kv_encode(const float *x, int64_t rows, int64_t d, void *q, uint16_t *scale, uint16_t *min, int64_t codec) {
     KVStore s = {q, scale, min, codec};
     for (int64_t r = 0; r < rows; r++) kv_encode(&s, r, x + r * d, d);
@@ -40,7 +48,7 @@ typedef void (*LayerFn)(const void *layer, float *x, int m, const float *cos, co
 void edgellm_decoder_layers(LayerFn run, const void *const *layers, int n_layers, float *x, int m,
                             const float *const *cos, const float *const *sin, const KVSlots *const *row_slots,
                             const int64_t *pos, float *buf, void *work, int threads, const LoraLayer *const *lora) {
-    KVSlots slots[MAX_SEQS];
+    KVSlots slots[MAX_PROMPT_ROWS];
     for (int i = 0; i < n_layers; i++) {
         for (int j = 0; j < m; j++) slots[j] = row_slots[j][i];
         run(layers[i], x, m, cos[i], sin[i], slots, pos, buf, work, threads, lora ? lora + (int64_t)i * m : NULL);

@@ -58,16 +58,83 @@ static inline LayerBuffers layer_buffers(const LayerDims *D, int m, float *buf) 
     return B;
 }
 
-/* y (m, out) = W x (m, in) for every part of the projection, parts side by side in each row. */
-static inline void gemv(const Projection *w, const float *x, int m, float *y, int64_t ldy, void *work, int threads) {
+/* y (m, out) = W x (m, in) for one part, m <= MAX_SEQS. */
+static inline void gemv_part(const WeightPart *p, const float *x, int m, float *y, int64_t ldy, void *work, int threads) {
+    if (p->kind == WEIGHT_BF16 || p->kind == WEIGHT_F32)
+        dense_gemv(p->data, p->kind == WEIGHT_BF16 ? DTYPE_BF16 : DTYPE_F32, x, m, p->n, p->ka, y, ldy, threads);
+    else if (p->kind == WEIGHT_INT4)
+        edgellm_int4_gemv(x, m, p->ka, p->data, p->scale_zero, p->n, p->kw, p->group, y, ldy, work, threads);
+    else edgellm_block_gemv(x, m, p->ka, p->data, (int)p->kind, p->n, p->scale_zero, y, ldy, work, threads);
+}
+
+int edgellm_int8_gemm_native(void);
+int64_t edgellm_int8_act_bytes(int64_t t, int64_t k);
+int64_t edgellm_int8_quantize_pooled(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *at,
+                                     float *values, int32_t *channels, int threads);
+void edgellm_int8_gemm_weight(const void *act, int64_t t, int64_t k, const uint8_t *weight, const uint16_t *scale_zero,
+                              int64_t n, int bits, float *out, int64_t ldo, const int32_t *channels, int64_t u,
+                              const int32_t *at, const float *values, int r, int threads);
+
+/* Each token's largest activations the int8 prompt GEMM multiplies in fp32 (kernels/int8_prompt.py OUTLIERS
+   says why 8) */
+#define PROMPT_OUTLIERS 8
+
+static inline int64_t layer_widest(const LayerDims *D) {
+    int64_t qd = D->n_heads * D->head_dim, w = D->hidden > D->inter ? D->hidden : D->inter;
+    return w > qd ? w : qd;
+}
+
+static inline int64_t round_up64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/* The layer functions' `work`: the GEMVs' quantized activations (MAX_SEQS rows), then for prompt rows
+   the int8 GEMM's (m rows) with each token's outliers and their channels. */
+int64_t edgellm_block_gemv_work(int m, int64_t k);
+
+static inline int64_t gemv_work_bytes(const LayerDims *D) {
+    return round_up64(edgellm_block_gemv_work(MAX_SEQS, layer_widest(D)));
+}
+
+static inline int64_t prompt_work_bytes(const LayerDims *D, int m) {
+    int64_t k = layer_widest(D);
+    return round_up64(edgellm_int8_act_bytes(m, k)) + round_up64(2 * 4 * (int64_t)m * PROMPT_OUTLIERS) + 4 * k;
+}
+
+/* y (m, out) = W x for a prompt's m > MAX_SEQS rows: the parts the int8 GEMM takes through it, their
+   activations quantized once for all of them, each strip of the weight packed as it is used; the other
+   parts (and all where this build has no int8 GEMM) as GEMVs of MAX_SEQS rows. */
+static inline void prompt_gemm(const LayerDims *D, const Projection *w, const float *x, int m, float *y, int64_t ldy,
+                               void *work, int threads) {
+    int64_t k = w->parts[0].ka, u = 0;
+    int r = k < PROMPT_OUTLIERS ? (int)k : PROMPT_OUTLIERS, int8 = 0;
+    for (int64_t i = 0; i < w->count; i++) int8 |= w->parts[i].int8_bits != 0;
+    int8 = int8 && edgellm_int8_gemm_native();
+    uint8_t *act = (uint8_t *)work + gemv_work_bytes(D);
+    int32_t *at = (int32_t *)(act + round_up64(edgellm_int8_act_bytes(m, k)));
+    float *values = (float *)(at + (int64_t)m * r);
+    int32_t *channels = (int32_t *)(at + round_up64(2 * 4 * (int64_t)m * PROMPT_OUTLIERS) / 4);
+    if (int8) u = edgellm_int8_quantize_pooled(x, m, k, r, act, at, values, channels, threads);
     for (int64_t i = 0; i < w->count; i++) {
         const WeightPart *p = &w->parts[i];
-        if (p->kind == WEIGHT_BF16 || p->kind == WEIGHT_F32)
-            dense_gemv(p->data, p->kind == WEIGHT_BF16 ? DTYPE_BF16 : DTYPE_F32, x, m, p->n, p->ka, y, ldy, threads);
-        else if (p->kind == WEIGHT_INT4)
-            edgellm_int4_gemv(x, m, p->ka, p->data, p->scale_zero, p->n, p->kw, p->group, y, ldy, work, threads);
-        else edgellm_block_gemv(x, m, p->ka, p->data, (int)p->kind, p->n, p->scale_zero, y, ldy, work, threads);
+        if (int8 && p->int8_bits)
+            edgellm_int8_gemm_weight(act, m, k, p->data, p->scale_zero, p->n, (int)p->int8_bits, y, ldy, channels, u,
+                                     at, values, r, threads);
+        else
+            for (int i0 = 0; i0 < m; i0 += MAX_SEQS)
+                gemv_part(p, x + i0 * k, m - i0 < MAX_SEQS ? m - i0 : MAX_SEQS, y + i0 * ldy, ldy, work, threads);
         y += p->n;
+    }
+}
+
+/* y (m, out) = W x (m, in) for every part of the projection, parts side by side in each row. */
+static inline void gemv(const LayerDims *D, const Projection *w, const float *x, int m, float *y, int64_t ldy,
+                        void *work, int threads) {
+    if (m > MAX_SEQS) {
+        prompt_gemm(D, w, x, m, y, ldy, work, threads);
+        return;
+    }
+    for (int64_t i = 0; i < w->count; i++) {
+        gemv_part(&w->parts[i], x, m, y, ldy, work, threads);
+        y += w->parts[i].n;
     }
 }
 
@@ -85,7 +152,7 @@ static inline void attention_in(const LayerDims *D, const float *x, const float 
                                 int threads) {
     int64_t d = D->head_dim, width = qkv_width(D), widths[3] = {D->n_heads * d, D->n_kv * d, D->n_kv * d};
     norm_rows(D, x, attn_norm, m, B->n);
-    gemv(qkv, B->n, m, B->qkv, width, work, threads);
+    gemv(D, qkv, B->n, m, B->qkv, width, work, threads);
     lora_add(lora, LORA_Q, 3, widths, B->n, D->hidden, m, B->qkv, width, B->lora, threads);
     for (int i = 0; i < m; i++) {
         float *row = B->qkv + i * width;
@@ -103,12 +170,15 @@ static inline void attention_out(const LayerDims *D, const Projection *o, KVSlot
     int64_t d = D->head_dim, qd = D->n_heads * d, kvd = D->n_kv * d, width = qkv_width(D), slots[ATT_MAX_ROWS];
     /* Rows of one sequence come in order, each seeing the ones before it (attention masks the later
        ones' keys); but a new key must not overwrite a ring slot that an earlier row still sees. So
-       waves: each wave's keys written, then the wave attended in one call, a ring's rows in waves of
-       their own. */
+       waves: each wave's keys written, then the wave attended in one call; a ring's row joins its
+       sequence's wave only where its slot is still empty (a young ring: a prompt's first window). */
     for (int i0 = 0, i1; i0 < m; i0 = i1) {
         for (i1 = i0 + 1; i1 < m && i1 - i0 < ATT_MAX_ROWS; i1++) {
+            const KVSlots *c = &caches[i1];
             int repeated = 0;
-            for (int j = i0; j < i1; j++) repeated |= caches[j].pages == caches[i1].pages && caches[i1].slot_pos;
+            for (int j = i0; j < i1; j++)
+                repeated |= caches[j].pages == c->pages && c->slot_pos
+                            && (c->slot_pos[pos[i1] % c->capacity] >= 0 || pos[i1] - pos[j] >= c->capacity);
             if (repeated) break;
         }
         for (int i = i0; i < i1; i++) {
@@ -118,7 +188,7 @@ static inline void attention_out(const LayerDims *D, const Projection *o, KVSlot
         attend_rows(caches + i0, B->qkv + i0 * width, width, i1 - i0, D->n_heads, D->n_kv, d, D->scale, D->softcap,
                     slots, pos + i0, B->scores, B->att + i0 * qd, qd, threads);
     }
-    gemv(o, B->att, m, B->proj, D->hidden, work, threads);
+    gemv(D, o, B->att, m, B->proj, D->hidden, work, threads);
     lora_add(lora, LORA_O, 1, &D->hidden, B->att, qd, m, B->proj, D->hidden, B->lora, threads);
 }
 
@@ -127,14 +197,14 @@ static inline void attention_out(const LayerDims *D, const Projection *o, KVSlot
 static inline void gated_mlp(const LayerDims *D, const Projection *gate_up, const Projection *down, int act, int m,
                              const LoraLayer *const *lora, const LayerBuffers *B, void *work, int threads) {
     int64_t widths[2] = {D->inter, D->inter};
-    gemv(gate_up, B->n, m, B->gu, 2 * D->inter, work, threads);
+    gemv(D, gate_up, B->n, m, B->gu, 2 * D->inter, work, threads);
     lora_add(lora, LORA_GATE, 2, widths, B->n, D->hidden, m, B->gu, 2 * D->inter, B->lora, threads);
     for (int i = 0; i < m; i++) {
         const float *gate = B->gu + i * 2 * D->inter, *up = gate + D->inter;
         for (int64_t j = 0; j < D->inter; j += VL)
             vf_store(B->act + i * D->inter + j, vf_mul(activate(vf_load(gate + j), act), vf_load(up + j)));
     }
-    gemv(down, B->act, m, B->proj, D->hidden, work, threads);
+    gemv(D, down, B->act, m, B->proj, D->hidden, work, threads);
     lora_add(lora, LORA_DOWN, 1, &D->hidden, B->act, D->inter, m, B->proj, D->hidden, B->lora, threads);
 }
 

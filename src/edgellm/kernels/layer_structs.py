@@ -12,17 +12,19 @@ from edgellm.extras import torch
 
 from edgellm.kernels.buffers import address
 from edgellm.quant.blocks import BlockLinear
+from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import DenseLinear, Int4Linear
 
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 WEIGHT_INT4, WEIGHT_BF16, WEIGHT_F32 = -1, -2, -3  # else a ggml block type read in place (layer_types.h)
 MAX_PARTS = 3
+INT8_GROUP, INT8_STRIP = 32, 16  # int8_layout.h: k per group, rows per strip
 
 
 class WeightPart(ctypes.Structure):
     _fields_ = [("kind", _i64), ("data", _p), ("scale_zero", _p), ("n", _i64), ("kw", _i64), ("ka", _i64),
-                ("group", _i64)]
+                ("group", _i64), ("int8_bits", _i64)]
 
 
 class Projection(ctypes.Structure):
@@ -71,17 +73,28 @@ def layer_struct(n_vectors: int) -> type[ctypes.Structure]:
 
 def projection(linear) -> Projection:
     if isinstance(linear, BlockLinear):
-        parts = [WeightPart(p.type, address(p.rows), address(p.scale),
-                             p.rows.shape[0], linear.in_features, linear.in_features, 32) for p in linear.parts]
+        k = linear.in_features
+        parts = [WeightPart(p.type, address(p.rows), address(p.scale), p.rows.shape[0], k, k, 32, _block_bits(p, k))
+                 for p in linear.parts]
     elif isinstance(linear, DenseLinear):  # formats with no INT4 or block kernel, in the compute dtype
         kind = WEIGHT_BF16 if linear.compute_dtype == torch.bfloat16 else WEIGHT_F32
         parts = [WeightPart(kind, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
-                             linear.in_features, 0)]
+                             linear.in_features, 0, 0)]
     else:
+        one_plane = linear.planes == 1 and linear.group == INT8_GROUP and linear.out_features % 64 == 0
         parts = [WeightPart(WEIGHT_INT4, address(linear.packed), address(linear.scale_zero),
                              linear.out_features, linear.planes * linear.in_features, linear.in_features,
-                             linear.group)]
+                             linear.group, 4 if one_plane else 0)]
     return Projection((WeightPart * MAX_PARTS)(*parts), len(parts))
+
+
+def _block_bits(part, k: int) -> int:
+    """The code width with which the int8 prompt GEMM takes a part of GGUF blocks (layer_types.h int8_bits):
+    widened Q5_0 (5), Q6_K in whole strips (6), else 0."""
+    if part.q5_0:
+        return 5
+    whole_strips = part.rows.shape[0] % INT8_STRIP == 0 and k % 256 == 0
+    return 6 if part.type == GGMLType.Q6_K and whole_strips else 0
 
 
 def native_linear(linear) -> bool:
