@@ -8,6 +8,7 @@ from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv import CAUSAL, KVConfig, KVManager, LayerSpec
 from edgellm.kv.cache import SlidingCausal, causal_mask
 from edgellm.kv.codecs import bytes_per_head_token, codec
+from edgellm.kv.store import page_object_bytes
 from edgellm.models.layers import Rotary
 
 HEADS, DIM = 2, 64
@@ -66,7 +67,8 @@ def test_release_returns_blocks_to_the_pool():
 
 
 def test_budget_refuses_growth_with_typed_error():
-    block = 2 * 2 * HEADS * 8 * DIM * 4
+    block = _manager(block_size=8).block_bytes  # 2 layers' K and V, and their pages' objects
+    assert block == 2 * 2 * HEADS * 8 * DIM * 4 + 2 * page_object_bytes(codec("f32"), codec("f32"))
     seq, _ = _manager(block_size=8, budget_bytes=2 * block).new_sequence()
     seq.prepare(16)
     with pytest.raises(OutOfMemoryBudget):

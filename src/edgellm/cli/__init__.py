@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--keep", default=None, metavar="DIR", help="keep --quant's quantized files here")
     bench.add_argument("--footprint", action="store_true",
                        help="installed size, import time, and a whole `run` process (wall time, peak RSS) per engine")
+    bench.add_argument("--serve-memory", type=int, metavar="REQUESTS",
+                       help="a default `edgellm serve` answering this many distinct chat prompts: its RSS against "
+                            "the KV and prefix cache gauges")
     bench.set_defaults(func=cmd_bench)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat/completions, SSE, /metrics)")

@@ -67,6 +67,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                   progress=lambda line: print(line, file=sys.stderr, flush=True))
         print(json.dumps(report, indent=2) if args.json else format_footprint(report))
         return 0
+    if args.serve_memory:
+        from edgellm.bench.serve_memory import format_serve_memory, serve_memory
+
+        report = serve_memory(models[0], requests=args.serve_memory,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(report, indent=2) if args.json else format_serve_memory(report))
+        return 0
     if args.speculative:
         from edgellm.bench.speculative import format_speculative, speculative_report
 

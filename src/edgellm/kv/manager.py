@@ -14,7 +14,7 @@ from edgellm.kv.codecs import codec
 from edgellm.kv.config import (KVConfig, LayerSpec, auto_prefix_cache_bytes, fixed_kv_bytes, kv_bytes_per_token,
                                split_precision)
 from edgellm.kv.sequence import SequenceKV
-from edgellm.kv.store import KVPage
+from edgellm.kv.store import KVPage, page_object_bytes
 
 
 class KVManager:
@@ -26,7 +26,10 @@ class KVManager:
         self.specs, self.config, self.salt = list(specs), config, salt
         self.context_length, self.adapter = context_length, adapter
         self.bytes_per_token = kv_bytes_per_token(self.specs, config)
-        self.block_bytes = max(1, self.bytes_per_token * config.block_size)
+        # a block is a page per growing layer: its arrays, and the Python objects that hold them
+        pages = sum(1 for s in self.specs if s.window is None)
+        objects = page_object_bytes(codec(config.k_precision), codec(config.v_precision))
+        self.block_bytes = max(1, self.bytes_per_token * config.block_size + pages * objects)
         self.fixed_blocks = -(-fixed_kv_bytes(self.specs, config) // self.block_bytes)
         # Prefix hashes carry the precision (an INT4 block never serves an f16 request) and the
         # adapter (a prefix computed under one never serves another, or the base).

@@ -14,8 +14,24 @@ from edgellm.extras import torch
 from edgellm.kv.codecs import Codec, storage_dtype
 
 
+# What a KVPage costs beyond its arrays' bytes: the page, its two TokenStores and their parts dicts, and a
+# header per array (tracemalloc on CPython 3.11: f16 ~1,060 bytes, int8 ~1,340, int4 ~1,660). A block of
+# SmolLM2's f16 KV holds 30 pages of 24 KB: 4 % more than its arrays, which the KV gauges count too
+# (tests/kv/test_store.py measures it).
+PAGE_OBJECT_BYTES, ARRAY_OBJECT_BYTES = 760, 150
+
+
+def page_object_bytes(k_codec: Codec, v_codec: Codec) -> int:
+    """Bytes a page of these codecs holds in Python objects beside its arrays."""
+    arrays = len(k_codec.part_shapes(64)) + len(v_codec.part_shapes(64))  # the count does not depend on D
+    return PAGE_OBJECT_BYTES + ARRAY_OBJECT_BYTES * arrays
+
+
 class TokenStore:
     """Encoded (1, H, capacity, ...) buffers of a fixed number of token slots."""
+
+    # a prefix cache holds thousands of stores: without a __dict__ each costs ~100 bytes less
+    __slots__ = ("codec", "heads", "head_dim", "parts", "_tensors")
 
     def __init__(self, codec: Codec, heads: int, head_dim: int, capacity: int, *, zeroed: bool = False):
         self.codec, self.heads, self.head_dim = codec, heads, head_dim
@@ -74,6 +90,8 @@ class TokenStore:
 class KVPage:
     """K and V of one block of `tokens` token slots in one layer. A page held by several
     sequences (a shared prefix) is never written: kv/sequence.py copies it first."""
+
+    __slots__ = ("k", "v", "__weakref__")  # decode_caches.py keeps a weak table by page
 
     def __init__(self, k: TokenStore, v: TokenStore):
         self.k, self.v = k, v
