@@ -130,3 +130,17 @@ def test_bench_footprint_measures_the_install_the_import_and_a_whole_run(smollm2
     [run] = report["runs"]
     assert run["model"] == str(smollm2_path) and set(run["engines"]) == {"edgellm"}
     assert run["engines"]["edgellm"]["wall_s"] > 0 and run["engines"]["edgellm"]["peak_rss_mb"] > 50
+
+
+def test_bench_serve_memory_samples_a_real_servers_rss_and_kv_gauges(smollm2_path):
+    """A real `edgellm serve` answers distinct prompts; each sample reads its RSS and /metrics' KV gauges,
+    which grow as the prefix cache keeps each prompt's blocks, and the report sets RSS growth beside them."""
+    result = _bench("--serve-memory", "5", "--model", str(smollm2_path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    first, last = report["samples"][0], report["samples"][-1]
+    assert report["requests"] == 5 and first["requests"] == 1 and last["requests"] == 5
+    assert last["kv_mib"] > first["kv_mib"] > 0 and last["prefix_cache_mib"] > first["prefix_cache_mib"]
+    assert first["rss_mib"] > 50
+    assert report["accounted_growth_mib"] == pytest.approx(last["kv_mib"] - first["kv_mib"], abs=0.2)
+    assert report["rss_growth_mib"] == pytest.approx(last["rss_mib"] - first["rss_mib"], abs=0.2)

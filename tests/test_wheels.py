@@ -22,18 +22,22 @@ ARM_ROOT = Path(os.environ.get("EDGELLM_ARM64_ROOT", REPO / ".arm64root"))
 PROMPT, TOKENS = "The capital of France is", 4  # top-2 logit gaps 2.5, 1.3, 1.4, 1.3 on x86: no near-tie
 ARM_PLATFORMS = [f"--platform=manylinux_2_{n}_aarch64" for n in range(17, 40)]
 
-# Both runs without PyTorch: it is installed in the aarch64 root (for test_neon_python.py), so its import is
-# made to fail, as on a board with only the core install.
+# Both runs without PyTorch. The x86 one runs on this checkout's interpreter, whose environment has it (the
+# test extras): its import is made to fail (argv[2] "block"). The aarch64 one sees nothing but the wheel and
+# the core install's dependencies: the root's torch (for test_neon_python.py) lies in /opt/site, off its path.
 SCRIPT = f"""
-import sys
-sys.modules.update(torch=None, rich=None, safetensors=None, tokenizers=None)
+import importlib.util, sys
+if sys.argv[2:] == ["block"]:
+    sys.modules.update(torch=None, rich=None, safetensors=None, tokenizers=None)
+torch = importlib.util.find_spec("torch") is not None if "torch" not in sys.modules else False
 import json, edgellm
 from edgellm import kernels
 from edgellm.kernels import build, isa
 model = edgellm.load(sys.argv[1])
 done = model.generate({PROMPT!r}, max_tokens={TOKENS}, temperature=0)
 print(json.dumps(dict(module=edgellm.__file__, variant=isa.selected().label, describe=kernels.describe(),
-                      library=build.library()._name, fused=model.net.decoder is not None, ids=list(done.token_ids))))
+                      library=build.library()._name, fused=model.net.decoder is not None, ids=list(done.token_ids),
+                      torch=torch, torch_loaded="torch" in sys.modules and sys.modules["torch"] is not None)))
 """
 
 pytestmark = pytest.mark.slow
@@ -102,7 +106,7 @@ def test_the_x86_wheel_runs_smollm2_on_its_own_kernels_with_no_compiler(wheels, 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                     str(wheels["x86_64"])], check=True)
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(smollm2_path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(smollm2_path), "block"], capture_output=True, text=True,
                           timeout=600, env=_no_compiler(tmp_path, PYTHONPATH=str(site)))
     assert done.returncode == 0, done.stderr[-3000:]
     ran = json.loads(done.stdout.strip().splitlines()[-1])
@@ -117,15 +121,27 @@ def test_the_aarch64_wheel_runs_smollm2_on_neon_under_qemu_with_no_compiler(whee
     if "aarch64" not in wheels or shutil.which("qemu-aarch64") is None or not python.exists():
         pytest.skip("needs aarch64-linux-gnu-gcc, qemu-aarch64 and an aarch64 root: make arm-tools arm-python")
     assert not list(ARM_ROOT.glob("usr/bin/*gcc*")) and not (ARM_ROOT / "usr/bin/cc").exists()
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--only-binary=:all:",
+    site = tmp_path / "site"  # the wheel and what `run` needs of the core's dependencies, from the root's downloads
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--only-binary=:all:",
                     "--python-version", "3.11", "--implementation", "cp", *ARM_PLATFORMS, "--target", str(site),
-                    str(wheels["aarch64"])], check=True)
-    env = _no_compiler(tmp_path, PYTHONPATH=f"{site}:/opt/site")
+                    str(wheels["aarch64"]), *_core_wheels(ARM_ROOT / "var/cache/wheels")], check=True)
+    assert not (site / "torch").exists()
+    env = _no_compiler(tmp_path, PYTHONPATH=str(site), PYTHONNOUSERSITE="1")
     done = subprocess.run([shutil.which("qemu-aarch64"), "-cpu", "max", "-L", str(ARM_ROOT), str(python), "-c", SCRIPT,
                            str(smollm2_path)], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     ran = json.loads(done.stdout.strip().splitlines()[-1])
     assert ran["module"].startswith(str(site)) and ran["library"].startswith(str(site / "edgellm/kernels/prebuilt"))
     assert ran["variant"].startswith("neon") and ran["fused"] and "compiling" not in done.stderr
+    assert not ran["torch"] and not ran["torch_loaded"]  # no PyTorch on the path at all, as on a board
     assert ran["ids"] == _expected_ids(smollm2_path)
+
+
+CORE_RUNTIME = ("numpy", "jinja2", "markupsafe", "psutil", "llguidance")  # what `edgellm.load` + generate import
+
+
+def _core_wheels(folder: Path) -> list[str]:
+    wheels = [w for w in folder.glob("*.whl") if w.name.split("-")[0].lower() in CORE_RUNTIME]
+    if len(wheels) != len(CORE_RUNTIME):
+        pytest.skip(f"the aarch64 root's wheel cache lacks some of {CORE_RUNTIME}: make arm-python again")
+    return [str(w) for w in wheels]

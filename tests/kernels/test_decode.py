@@ -535,7 +535,7 @@ def test_a_prompt_goes_in_decode_sized_pieces_up_to_the_decoders_limit_and_in_ge
                                                                                                 monkeypatch):
     """prefill sends a prompt of prompt_tokens tokens through the native step in pieces of MAX_SEQS rows
     (the decode GEMVs) and one token longer in pieces of up to max_rows (the int8 prompt GEMMs), or
-    through the PyTorch prompt path where this build has no int8 GEMM; the limit is the variant's for
+    through the PyTorch prompt path where this build has no int8 GEMM (or the CPU AMX); the limit is the variant's for
     the model's weights: SmolLM2's layers are all one plane of 4-bit codes, Gemma 3's Q4_K_M mixes in
     5- and 6-bit ones."""
     from edgellm.generate.generator import prefill
@@ -561,7 +561,7 @@ def test_a_prompt_goes_in_decode_sized_pieces_up_to_the_decoders_limit_and_in_ge
             model.kv.forget_prefixes()
             if n == limit:
                 assert sum(rows) == n and max(rows) <= MAX_SEQS
-            elif net.decoder.prompt_gemm:
+            elif net.decoder.takes_prompt(n):  # the int8 GEMM here (PyTorch's bf16 prompt path on AMX)
                 assert sum(rows) == n and max(rows) > MAX_SEQS and max(rows) <= net.decoder.max_rows
             else:
                 assert rows == []
@@ -590,8 +590,8 @@ def test_a_long_prompt_goes_in_gemm_pieces_with_the_prompt_paths_logits(name, re
 
     with edgellm.load(request.getfixturevalue(name)) as model:
         net = model.net
-        if not net.decoder.prompt_gemm:
-            pytest.skip("this build has no int8 prompt GEMM: long prompts take the PyTorch prompt path")
+        if not net.decoder.takes_prompt(net.decoder.max_rows + 1):
+            pytest.skip("long prompts take the PyTorch prompt path here (no int8 prompt GEMM, or AMX)")
         text = "The harbour light turns over the water, slow and patient, every night of the year. " * 60
         ids = model.tokenizer.encode(text)[:600]  # Gemma 3's sliding layers' rings (512) wrap inside a piece
         assert len(ids) == 600 and len(ids) > 4 * net.decoder.max_rows

@@ -32,6 +32,7 @@ from edgellm.extras import has_torch, torch, torch_loaded
 from edgellm.kernels.buffers import address, aligned_bytes
 from edgellm.kernels.decode_caches import CacheViews
 from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16
+from edgellm.kernels.isa import cpu_features
 from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.embedding import BlockEmbedding
@@ -116,9 +117,9 @@ class FusedDecoder:
         self.prompt_tokens = native_prompt_tokens(kernels.selected(), single_plane)
         # Longer pieces multiply in the int8 GEMM (layer_ops.h prompt_gemm); a build without it (scalar,
         # NEON without dot products) multiplies them as GEMVs, and PyTorch's prompt path, where it is
-        # installed, is faster there.
+        # installed, is faster there. So may its bf16 GEMMs be on AMX tiles (not measured against the pieces).
         self.prompt_gemm = bool(self.lib.edgellm_int8_gemm_native())
-        self.prompt_path = has_torch() and not self.prompt_gemm
+        self.prompt_path = has_torch() and (not self.prompt_gemm or "amx_bf16" in cpu_features())
 
     def takes_prompt(self, tokens: int) -> bool:
         """Whether a prompt (or its rest) of `tokens` goes in as pieces of this step (generator.prefill's
