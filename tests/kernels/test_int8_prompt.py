@@ -40,9 +40,10 @@ def _i4r64(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Te
     return pack_int4(q), pairs, (q.double() - 8) * scale + zero
 
 
-def _q5_0_in_q8r16(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8R16 rows holding Q5_0 values (-16..15, as widened Q5_0 blocks are) and their fp64 weight."""
-    v = torch.randint(-16, 16, (n, k), generator=gen, dtype=torch.int8)
+def _q5_0_in_q8r16(n: int, k: int, gen: torch.Generator, low: int = -16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8R16 rows holding Q5_0 values (-16..15, as widened Q5_0 blocks are; from `low` = -128 a real Q8_0's)
+    and their fp64 weight."""
+    v = torch.randint(low, -low, (n, k), generator=gen, dtype=torch.int8)
     d = (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3).half()
     blocks = torch.cat([torch.cat([d[:, b:b + 1].view(torch.uint8), v[:, 32 * b:32 * b + 32].view(torch.uint8)], 1)
                         for b in range(k // 32)], 1)
@@ -96,13 +97,19 @@ def test_widened_q5_0_values_times_int8_activations_are_the_rounded_product(t, n
 def _q6_k(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of random Q6_K blocks (codes 0..63, an int8 scale per 16) and their weight, decoded by the
     tests' own reference (tests/quant/reference.py)."""
+    return _k_quant("Q6_K", n, k)
+
+
+def _k_quant(fmt: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of random blocks of a K-quant (Q6_K, Q5_K) and their weight, by the tests' own reference."""
     import random
 
     from tests.quant import reference
 
-    data = reference.random_tensor("Q6_K", n * k, random.Random(n + k))
-    w = torch.tensor(reference.decode("Q6_K", data), dtype=torch.float64).view(n, k)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(n, k // 256 * 210), w
+    block_bytes = {"Q6_K": 210, "Q5_K": 176}[fmt]
+    data = reference.random_tensor(fmt, n * k, random.Random(n + k))
+    w = torch.tensor(reference.decode(fmt, data), dtype=torch.float64).view(n, k)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(n, k // 256 * block_bytes), w
 
 
 @needs_avx2
@@ -269,7 +276,8 @@ def test_a_weight_packed_strip_by_strip_gives_the_panels_product_bit_for_bit(var
     """edgellm_int8_gemm_weight (the native layers' prompt GEMM: each thread packs a strip of 16 rows and
     multiplies it at once, on edgellm's pool) computes what packing the whole panel first does, for 4-bit
     I4R64 codes, widened Q5_0 and Q6_K, with outliers, a token count that is no whole tile, and an output
-    wider than the weight (a fused projection's part)."""
+    wider than the weight (a fused projection's part); and a GGUF file's Q5_K and, where the build takes
+    byte codes (x86 with VNNI), a real Q8_0 as their fp64 rendering has the product."""
     from edgellm.kernels.buffers import address
 
     lib = kernels.library_for(variant)
@@ -280,8 +288,22 @@ def test_a_weight_packed_strip_by_strip_gives_the_panels_product_bit_for_bit(var
     q5, _ = _q5_0_in_q8r16(48, k, gen)
     q6, _ = _q6_k(32, k)
     prompt = Int8Prompt(x, lib)
-    for bits, weight, scale_zero, expected in [(4, packed, pairs, prompt.times_i4r64(packed, pairs, (0, 128))),
-                                               (5, q5, None, prompt.times_q5_0(q5)), (6, q6, None, prompt.times_q6_k(q6))]:
+    cases = [(4, packed, pairs, prompt.times_i4r64(packed, pairs, (0, 128))), (5, q5, None, prompt.times_q5_0(q5)),
+             (6, q6, None, prompt.times_q6_k(q6))]
+    if lib.edgellm_int8_gemm_takes(8):  # a real Q8_0's codes: the same product as its fp64 rendering
+        q8, w8 = _q5_0_in_q8r16(64, k, gen, low=-128)
+        y8 = torch.empty(t, 64)
+        lib.edgellm_int8_gemm_weight(prompt.act.data_ptr(), t, k, address(q8), None, 64, 8, y8.data_ptr(), 64,
+                                     prompt.channels.data_ptr(), len(prompt.channels), prompt.at.data_ptr(),
+                                     prompt.values.data_ptr(), prompt.at.shape[1], 2)
+        _check(y8, x, w8)
+    q5k, w5k = _k_quant("Q5_K", 32, k)
+    y5k = torch.empty(t, 32)
+    lib.edgellm_int8_gemm_weight(prompt.act.data_ptr(), t, k, address(q5k), None, 32, 13, y5k.data_ptr(), 32,
+                                 prompt.channels.data_ptr(), len(prompt.channels), prompt.at.data_ptr(),
+                                 prompt.values.data_ptr(), prompt.at.shape[1], 2)
+    _check(y5k, x, w5k)  # a GGUF file's Q5_K: 5-bit codes, each sub-block of 32 its scale and zero
+    for bits, weight, scale_zero, expected in cases:
         n = expected.shape[1]
         out = torch.full((t, n + 16), -1.0)
         lib.edgellm_int8_gemm_weight(prompt.act.data_ptr(), t, k, address(weight), address(scale_zero), n, bits,
@@ -289,3 +311,12 @@ def test_a_weight_packed_strip_by_strip_gives_the_panels_product_bit_for_bit(var
                                      prompt.at.data_ptr(), prompt.values.data_ptr(), prompt.at.shape[1], 2)
         assert torch.equal(out[:, :n], expected), bits
         assert (out[:, n:] == -1.0).all()  # nothing past the part's columns
+
+
+def test_byte_codes_are_taken_where_the_products_are_summed_in_int32():
+    """A real Q8_0's codes (q + 128) go to the int8 GEMM only where vpdpbusd sums them (AVX-512, AVX-VNNI):
+    vpmaddubsw's int16 pairs would overflow, NEON's sdot reads signed codes."""
+    for variant in _i8_variants():
+        lib = kernels.library_for(variant)
+        assert all(lib.edgellm_int8_gemm_takes(form) for form in (4, 5, 6, 13))
+        assert lib.edgellm_int8_gemm_takes(8) == (variant.name == "avx512" or "vnni" in variant.label), variant.label

@@ -78,6 +78,7 @@ _SIGNATURES = {
     "edgellm_int16_gemm_pack": (None, [_p, _i64, _i64, _i64, _i64, _p, _i]),
     "edgellm_int16_gemm": (None, [_p, _i64, _i64, _p, _i64, _p, _i64, _p, _i]),
     "edgellm_int8_gemm_native": (_i, []),
+    "edgellm_int8_gemm_takes": (_i, [_i]),
     "edgellm_int8_panel_bytes": (_i64, [_i64, _i64]),
     "edgellm_int8_act_bytes": (_i64, [_i64, _i64]),
     "edgellm_int8_pack_i4r64": (None, [_p, _p, _i64, _i64, _i64, _i64, _p, _i]),

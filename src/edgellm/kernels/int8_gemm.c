@@ -143,6 +143,22 @@ static void tile_any(const uint8_t *codes, const uint8_t *act, int64_t rb, int64
 }
 #endif
 
+/* Whether this build's int8 GEMM takes a weight in `form` (int8_layout.h): every form wherever it is native,
+   but a real Q8_0's byte codes only where their products are summed straight into int32 (I8_BYTE_CODES). */
+int edgellm_int8_gemm_takes(int form) {
+#ifdef I8_NATIVE
+    int bytes = 0;
+#ifdef I8_BYTE_CODES
+    bytes = 1;
+#endif
+    return form == I8_FORM_I4R64 || form == I8_FORM_Q5_0_R16 || form == I8_FORM_Q6_K || form == I8_FORM_Q5_K
+           || (form == I8_FORM_Q8_0_R16 && bytes);
+#else
+    (void)form;
+    return 0;
+#endif
+}
+
 /* Whether this build has the 8-bit prompt GEMM. */
 int edgellm_int8_gemm_native(void) {
 #ifdef I8_NATIVE
@@ -154,7 +170,7 @@ int edgellm_int8_gemm_native(void) {
 
 #ifdef I8_NATIVE
 void edgellm_int8_pack_strip(const uint8_t *src, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t s,
-                             int bits, uint8_t *out);
+                             int form, uint8_t *out);
 
 typedef struct {
     const uint8_t *rows;
@@ -163,7 +179,7 @@ typedef struct {
     const uint8_t *weight;
     const uint16_t *scale_zero;
     int64_t n;
-    int bits;
+    int bits, form;             /* the codes' width; the weight's form (int8_layout.h) where it is packed here */
     float *out;
     int64_t ldo;
     const int32_t *channels;
@@ -183,7 +199,7 @@ static void gemm_strips(void *p, int thread, int threads) {
     uint8_t *own = a->panel ? NULL : (uint8_t *)aligned_alloc(64, (size_t)strip_bytes);
     for (int64_t s = s0; s < s1; s++) {
         const uint8_t *strip = own ? own : (const uint8_t *)a->panel + s * strip_bytes;
-        if (own) edgellm_int8_pack_strip(a->weight, a->scale_zero, a->n, a->k, s, a->bits, own);
+        if (own) edgellm_int8_pack_strip(a->weight, a->scale_zero, a->n, a->k, s, a->form, own);
         strip_columns(strip, a->channels, a->u, a->bits == 6, cols);
         for (int64_t t0 = 0; t0 < a->t; t0 += I8_TILE) {
             Outliers o = {cols, a->at + t0 * a->r, a->values + t0 * a->r, a->r};
@@ -204,7 +220,7 @@ void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel,
                        int threads) {
 #ifdef I8_NATIVE
     const uint8_t *rows = (const uint8_t *)act;
-    Gemm a = {rows, t, k, panel, NULL, NULL, n, bits, out, ldo, channels, u, at, values, r};
+    Gemm a = {rows, t, k, panel, NULL, NULL, n, bits, 0, out, ldo, channels, u, at, values, r};
     team_run(threads, gemm_strips, &a);
 #else
     (void)act, (void)t, (void)k, (void)panel, (void)n, (void)bits, (void)out, (void)ldo, (void)channels, (void)u,
@@ -212,18 +228,18 @@ void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel,
 #endif
 }
 
-/* The same product on the weight as the model holds it (edgellm_int8_pack_strip's `bits` and layouts, n % 16
-   == 0): each thread packs its strips one at a time into a buffer of its own and multiplies them while they
+/* The same product on the weight as the model holds it (in one of int8_layout.h's forms, n % 16 == 0): each thread packs its strips one at a time into a buffer of its own and multiplies them while they
    are in its cache. No panel of the whole weight: nothing to keep, and the weight is read once. On
    edgellm's pool: the native layers' GEMM (layer_ops.h), between kernels that run there too (pool.h). */
 void edgellm_int8_gemm_weight(const void *act, int64_t t, int64_t k, const uint8_t *weight, const uint16_t *scale_zero,
-                              int64_t n, int bits, float *out, int64_t ldo, const int32_t *channels, int64_t u,
+                              int64_t n, int form, float *out, int64_t ldo, const int32_t *channels, int64_t u,
                               const int32_t *at, const float *values, int r, int threads) {
 #ifdef I8_NATIVE
-    Gemm a = {(const uint8_t *)act, t, k, NULL, weight, scale_zero, n, bits, out, ldo, channels, u, at, values, r};
+    Gemm a = {(const uint8_t *)act, t, k, NULL, weight, scale_zero, n, form_bits(form), form, out, ldo, channels, u,
+              at, values, r};
     pool_run(threads, gemm_strips, &a);
 #else
-    (void)act, (void)t, (void)k, (void)weight, (void)scale_zero, (void)n, (void)bits, (void)out, (void)ldo,
+    (void)act, (void)t, (void)k, (void)weight, (void)scale_zero, (void)n, (void)form, (void)out, (void)ldo,
         (void)channels, (void)u, (void)at, (void)values, (void)r, (void)threads;
 #endif
 }

@@ -27,6 +27,9 @@
 #define I8_NATIVE 1
 #if defined(__AVXVNNI__) || EDGELLM_AVX512
 #define I8_VNNI 1
+/* vpdpbusd sums unsigned byte by signed byte products straight into int32: codes up to 255 (a real
+   Q8_0's q + 128) cannot overflow (vpmaddubsw's int16 pairs would, and NEON's sdot reads signed codes) */
+#define I8_BYTE_CODES 1
 #endif
 
 typedef __m128i b16;

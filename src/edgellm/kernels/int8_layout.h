@@ -38,6 +38,13 @@
 
 #include "int8_isa.h"
 
+/* The forms in which the GEMM takes a weight as the model holds it (layer_types.h WeightPart.int8_form),
+   numbered by their codes' width but Q5_K (ggml's number; 5-bit codes) */
+enum { I8_FORM_I4R64 = 4, I8_FORM_Q5_0_R16 = 5, I8_FORM_Q6_K = 6, I8_FORM_Q8_0_R16 = 8, I8_FORM_Q5_K = 13 };
+
+/* A form's code width, which decides how many products int16 holds between widenings. */
+static inline int form_bits(int form) { return form == I8_FORM_Q5_K ? 5 : form; }
+
 #define I8_STRIP 16
 #define I8_GROUP 32
 #define X_MAX 127

@@ -3,6 +3,7 @@
    then the strip's 16 scales and 16 zeros of the group (Q6_K: of each half). From I4R64 codes, Q8R16 blocks
    holding Q5_0 values, or a GGUF file's Q6_K rows. */
 #include "int8_layout.h"
+#include "k_scales.h"
 
 #ifdef I8_NATIVE
 /* Codes of 16 rows x 4 k's (4 vectors, one k each, byte j = row j) -> 16 words, row j's 4 codes in word j. */
@@ -35,10 +36,12 @@ static void pack_i4r64_group(const uint8_t *packed, const uint16_t *scale_zero, 
     }
 }
 
-/* Group s (16 rows) of Q8R16 blocks holding Q5_0 values (-16..15), block g: codes q + 16, scales, zeros. */
-static void pack_q8r16_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g, uint8_t *codes, float *sz) {
+/* Group s (16 rows) of Q8R16 blocks, block g: codes q + bias, scales, zeros -bias * d. Bias 16 for blocks
+   holding Q5_0 values (-16..15: codes 0..31), 128 for a real Q8_0's (codes 0..255, byte-code builds only). */
+static void pack_q8r16_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g, int bias_value, uint8_t *codes,
+                             float *sz) {
     const uint8_t *block = rows + (s * (k / 32) + g) * 544;  /* q8r16.c: 16 fp16 d, then 16 k-pairs x 16 rows */
-    const b16 bias = b16_set1(16);
+    const b16 bias = b16_set1((uint8_t)bias_value);  /* added modulo 256: -128..127 + 128 is 0..255 */
     for (int p = 0; p < 8; p++) {
         const uint8_t *pairs = block + 32 + 64 * p;  /* k-pairs 2p and 2p + 1, 16 rows x 2 bytes each */
         b16 a0 = b16_load(pairs), a1 = b16_load(pairs + 16), b0 = b16_load(pairs + 32), b1 = b16_load(pairs + 48);
@@ -52,7 +55,7 @@ static void pack_q8r16_group(const uint8_t *rows, int64_t k, int64_t s, int64_t 
         uint16_t d;
         memcpy(&d, block + 2 * j, 2);
         sz[j] = f16_to_f32(d);
-        sz[I8_STRIP + j] = -16.f * sz[j];
+        sz[I8_STRIP + j] = -(float)bias_value * sz[j];
     }
 }
 
@@ -80,6 +83,29 @@ static void pack_q6_k_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g
             sz[half * GROUP_FLOATS + j] = scale;
             sz[half * GROUP_FLOATS + I8_STRIP + j] = -32.f * scale;
         }
+    }
+    for (int p = 0; p < 8; p++)  /* step p: word p of each row */
+        for (int j = 0; j < I8_STRIP; j++) memcpy(codes + p * STEP_BYTES + 4 * j, &words[j][p], 4);
+}
+
+/* Strip s (16 rows) of a GGUF file's Q5_K rows (k / 256 blocks of 176 bytes: block_gemv.c), group g: sub-block
+   c = g % 8 of its block, codes 0..31 (the low or high nibbles of qs[32 (c / 2) ..], bit c of each qh byte the
+   fifth bit), scale d * sc and zero -dmin * m from the block's 6-bit pair. */
+static void pack_q5_k_group(const uint8_t *rows, int64_t k, int64_t s, int64_t g, uint8_t *codes, float *sz) {
+    int64_t row_size = k / 256 * 176;
+    int c = (int)(g % 8), sc, mn;
+    uint32_t words[I8_STRIP][8];  /* row j's 32 codes, 4 to a word */
+    const b16 low4 = b16_set1(0x0F), low1 = b16_set1(0x01);
+    for (int j = 0; j < I8_STRIP; j++) {
+        const uint8_t *blk = rows + (s * I8_STRIP + j) * row_size + (g / 8) * 176;
+        for (int h = 0; h < 32; h += 16) {
+            b16 lo = b16_shr_and(b16_load(blk + 48 + 32 * (c / 2) + h), 4 * (c & 1), low4);
+            b16 hi = b16_shr_and(b16_load(blk + 16 + h), c, low1);
+            b16_store((uint8_t *)words[j] + h, b16_or(lo, b16_shl4(hi)));  /* masked first: no bit crosses */
+        }
+        k_scale_min(blk + 4, c, &sc, &mn);
+        sz[j] = f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)) * (float)sc;
+        sz[I8_STRIP + j] = -f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)) * (float)mn;
     }
     for (int p = 0; p < 8; p++)  /* step p: word p of each row */
         for (int j = 0; j < I8_STRIP; j++) memcpy(codes + p * STEP_BYTES + 4 * j, &words[j][p], 4);
@@ -112,7 +138,7 @@ static void pack_groups(void *p, int64_t j0, int64_t j1) {
         else if (a->q6_k)
             pack_q6_k_group(a->src, a->k, s, g, codes, sz);
         else
-            pack_q8r16_group(a->src, a->k, s, g, codes, sz);
+            pack_q8r16_group(a->src, a->k, s, g, 16, codes, sz);
     }
 }
 
@@ -153,23 +179,26 @@ void edgellm_int8_pack_q6_k(const uint8_t *rows, int64_t n, int64_t k, void *pan
 }
 
 /* Pack strip s (rows 16 s .. 16 s + 15) of a whole weight as its model holds it into `out`
-   ((k / 32) * GROUP_STRIDE bytes): bits 4, I4R64 codes with scale_zero (one plane, groups of 32); 5,
-   Q8R16 blocks holding Q5_0 values; 6, Q6_K rows. For GEMMs that pack each strip just before they use
-   it (int8_gemm.c edgellm_int8_gemm_weight), so the strip is still in the core's cache. */
+   ((k / 32) * GROUP_STRIDE bytes), in one of the forms of int8_layout.h: I4R64 codes with scale_zero (one
+   plane, groups of 32), Q8R16 blocks holding Q5_0 values or a real Q8_0's (where the build takes byte codes:
+   edgellm_int8_gemm_takes), Q6_K or Q5_K rows. For GEMMs that pack each strip just before they use it
+   (int8_gemm.c edgellm_int8_gemm_weight), so the strip is still in the core's cache. */
 void edgellm_int8_pack_strip(const uint8_t *src, const uint16_t *scale_zero, int64_t n, int64_t k, int64_t s,
-                             int bits, uint8_t *out) {
+                             int form, uint8_t *out) {
 #ifdef I8_NATIVE
     for (int64_t g = 0; g < k / I8_GROUP; g++) {
         uint8_t *codes = out + g * GROUP_STRIDE;
         float *sz = (float *)(codes + GROUP_BYTES);
-        if (bits == 4)
+        if (form == I8_FORM_I4R64)
             pack_i4r64_group(src, scale_zero, n, k, s * I8_STRIP, g, codes, sz);
-        else if (bits == 6)
+        else if (form == I8_FORM_Q6_K)
             pack_q6_k_group(src, k, s, g, codes, sz);
+        else if (form == I8_FORM_Q5_K)
+            pack_q5_k_group(src, k, s, g, codes, sz);
         else
-            pack_q8r16_group(src, k, s, g, codes, sz);
+            pack_q8r16_group(src, k, s, g, form == I8_FORM_Q8_0_R16 ? 128 : 16, codes, sz);
     }
 #else
-    (void)src, (void)scale_zero, (void)n, (void)k, (void)s, (void)bits, (void)out;
+    (void)src, (void)scale_zero, (void)n, (void)k, (void)s, (void)form, (void)out;
 #endif
 }

@@ -13,6 +13,7 @@
 #ifndef EDGELLM_INTDOT_H
 #define EDGELLM_INTDOT_H
 #include "simd.h"
+#include "k_scales.h"
 
 /* 127 * 256 + 127: the largest |q| whose NEON split into two signed bytes is exact */
 #define ACT_MAX 32639
@@ -313,16 +314,5 @@ static inline vf fma_dot_wide(vf acc, wide32 w, const Act *a, int64_t k, float s
 #endif
 }
 
-/* The 6-bit scale and min of sub-block s (Q4_K / Q5_K's 12-byte packing at q), for
-   block_gemv.c and int4_repack.c. */
-static inline void k_scale_min(const uint8_t *q, int s, int *sc, int *mn) {
-    if (s < 4) {
-        *sc = q[s] & 63;
-        *mn = q[s + 4] & 63;
-    } else {
-        *sc = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
-        *mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-    }
-}
 
 #endif

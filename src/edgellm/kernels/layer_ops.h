@@ -67,12 +67,12 @@ static inline void gemv_part(const WeightPart *p, const float *x, int m, float *
     else edgellm_block_gemv(x, m, p->ka, p->data, (int)p->kind, p->n, p->scale_zero, y, ldy, work, threads);
 }
 
-int edgellm_int8_gemm_native(void);
+int edgellm_int8_gemm_takes(int form);
 int64_t edgellm_int8_act_bytes(int64_t t, int64_t k);
 int64_t edgellm_int8_quantize_pooled(const float *x, int64_t t, int64_t k, int r, void *act, int32_t *at,
                                      float *values, int32_t *channels, int threads);
 void edgellm_int8_gemm_weight(const void *act, int64_t t, int64_t k, const uint8_t *weight, const uint16_t *scale_zero,
-                              int64_t n, int bits, float *out, int64_t ldo, const int32_t *channels, int64_t u,
+                              int64_t n, int form, float *out, int64_t ldo, const int32_t *channels, int64_t u,
                               const int32_t *at, const float *values, int r, int threads);
 
 /* Each token's largest activations the int8 prompt GEMM multiplies in fp32 (kernels/int8_prompt.py OUTLIERS
@@ -105,9 +105,8 @@ static inline int64_t prompt_work_bytes(const LayerDims *D, int m) {
 static inline void prompt_gemm(const LayerDims *D, const Projection *w, const float *x, int m, float *y, int64_t ldy,
                                void *work, int threads) {
     int64_t k = w->parts[0].ka, u = 0;
-    int r = k < PROMPT_OUTLIERS ? (int)k : PROMPT_OUTLIERS, int8 = 0;
-    for (int64_t i = 0; i < w->count; i++) int8 |= w->parts[i].int8_bits != 0;
-    int8 = int8 && edgellm_int8_gemm_native();
+    int r = k < PROMPT_OUTLIERS ? (int)k : PROMPT_OUTLIERS, int8 = 0, takes[MAX_PARTS];
+    for (int64_t i = 0; i < w->count; i++) int8 |= takes[i] = edgellm_int8_gemm_takes((int)w->parts[i].int8_form);
     uint8_t *act = (uint8_t *)work + gemv_work_bytes(D);
     int32_t *at = (int32_t *)(act + round_up64(edgellm_int8_act_bytes(m, k)));
     float *values = (float *)(at + (int64_t)m * r);
@@ -115,8 +114,8 @@ static inline void prompt_gemm(const LayerDims *D, const Projection *w, const fl
     if (int8) u = edgellm_int8_quantize_pooled(x, m, k, r, act, at, values, channels, threads);
     for (int64_t i = 0; i < w->count; i++) {
         const WeightPart *p = &w->parts[i];
-        if (int8 && p->int8_bits)
-            edgellm_int8_gemm_weight(act, m, k, p->data, p->scale_zero, p->n, (int)p->int8_bits, y, ldy, channels, u,
+        if (takes[i])
+            edgellm_int8_gemm_weight(act, m, k, p->data, p->scale_zero, p->n, (int)p->int8_form, y, ldy, channels, u,
                                      at, values, r, threads);
         else
             for (int i0 = 0; i0 < m; i0 += MAX_SEQS)

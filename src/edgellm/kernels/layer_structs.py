@@ -11,6 +11,7 @@ import numpy as np
 from edgellm.extras import torch
 
 from edgellm.kernels.buffers import address
+from edgellm.kernels.gemv import Q8R16
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import DenseLinear, Int4Linear
@@ -24,7 +25,7 @@ INT8_GROUP, INT8_STRIP = 32, 16  # int8_layout.h: k per group, rows per strip
 
 class WeightPart(ctypes.Structure):
     _fields_ = [("kind", _i64), ("data", _p), ("scale_zero", _p), ("n", _i64), ("kw", _i64), ("ka", _i64),
-                ("group", _i64), ("int8_bits", _i64)]
+                ("group", _i64), ("int8_form", _i64)]
 
 
 class Projection(ctypes.Structure):
@@ -74,7 +75,7 @@ def layer_struct(n_vectors: int) -> type[ctypes.Structure]:
 def projection(linear) -> Projection:
     if isinstance(linear, BlockLinear):
         k = linear.in_features
-        parts = [WeightPart(p.type, address(p.rows), address(p.scale), p.rows.shape[0], k, k, 32, _block_bits(p, k))
+        parts = [WeightPart(p.type, address(p.rows), address(p.scale), p.rows.shape[0], k, k, 32, _block_form(p, k))
                  for p in linear.parts]
     elif isinstance(linear, DenseLinear):  # formats with no INT4 or block kernel, in the compute dtype
         kind = WEIGHT_BF16 if linear.compute_dtype == torch.bfloat16 else WEIGHT_F32
@@ -88,13 +89,14 @@ def projection(linear) -> Projection:
     return Projection((WeightPart * MAX_PARTS)(*parts), len(parts))
 
 
-def _block_bits(part, k: int) -> int:
-    """The code width with which the int8 prompt GEMM takes a part of GGUF blocks (layer_types.h int8_bits):
-    widened Q5_0 (5), Q6_K in whole strips (6), else 0."""
-    if part.q5_0:
-        return 5
+def _block_form(part, k: int) -> int:
+    """The form in which the int8 prompt GEMM takes a part of GGUF blocks (layer_types.h int8_form): Q8R16
+    blocks of widened Q5_0 (5) or of a real Q8_0 (8: where the build takes byte codes,
+    edgellm_int8_gemm_takes), Q6_K (6) or Q5_K (13) in whole strips, else 0."""
+    if part.type == Q8R16:
+        return 5 if part.q5_0 else 8
     whole_strips = part.rows.shape[0] % INT8_STRIP == 0 and k % 256 == 0
-    return 6 if part.type == GGMLType.Q6_K and whole_strips else 0
+    return part.type if part.type in (GGMLType.Q6_K, GGMLType.Q5_K) and whole_strips else 0
 
 
 def native_linear(linear) -> bool:

@@ -7,16 +7,17 @@
 /* One stored weight: INT4 in the I4R64 layout (kind WEIGHT_INT4, scale_zero set), a dense bf16 or
    fp32 (n, ka) matrix (GGUF types with neither an INT4 form nor a block kernel, e.g. F16), or GGUF
    Q8_0 / Q5_0 / Q5_K / Q6_K blocks read in place, or edgellm's INT8 rows with their bf16 scales in
-   scale_zero (kind = the ggml type number, block_gemv.c). int8_bits: the code width with which the int8
-   prompt GEMM takes the weight as it is (int8_pack.c: 4, I4R64 of one plane and groups of 32; 5, Q8R16
-   blocks holding Q5_0 values; 6, Q6_K in strips of 16 rows), 0 where it does not. */
+   scale_zero (kind = the ggml type number, block_gemv.c). int8_form: the form in which the int8
+   prompt GEMM takes the weight as it is (int8_layout.h: 4, I4R64 of one plane and groups of 32; 5, Q8R16
+   blocks holding Q5_0 values; 6, Q6_K and 13, Q5_K in strips of 16 rows; 8, Q8R16 blocks of a real Q8_0,
+   where the build takes byte codes), 0 where it does not. */
 enum { WEIGHT_INT4 = -1, WEIGHT_BF16 = -2, WEIGHT_F32 = -3 };
 typedef struct {
     int64_t kind;
     const uint8_t *data;
     const uint16_t *scale_zero;
     int64_t n, kw, ka, group;  /* kw = planes * ka */
-    int64_t int8_bits;
+    int64_t int8_form;
 } WeightPart;
 
 /* A projection: up to three parts stacked along the output (fused q|k|v, gate|up). */
