@@ -166,22 +166,23 @@ class FusedDecoder:
         if per_seq is None or tokens.shape[0] != len(per_seq) or (tokens.shape[1] > 1 and len(per_seq) > 1):
             return None
         adapters = [getattr(s, "adapter", None) for s in _sequences(caches)]
-        if tokens.shape[1] > self.max_rows:
-            return self._pieces([int(t) for t in tokens[0]], per_seq[0], adapters[0], last_only)
+        if tokens.shape[1] > MAX_SEQS:  # one sequence's run, in the pieces prefill would send it in
+            return self._pieces([int(t) for t in tokens[0]], per_seq[0], adapters[0], last_only,
+                                self.piece_rows(tokens.shape[1]))
         work = [(layers, [int(t) for t in row]) for layers, row in zip(per_seq, tokens)]
         logits = self.step_rows(work, every_row=not last_only, adapters=adapters)
         if logits is None:
             return None
         return logits[None] if tokens.shape[1] > 1 and not last_only else logits[:, None]
 
-    def _pieces(self, ids: list[int], layers: Sequence, adapter, last_only: bool) -> np.ndarray | None:
-        """Logits of a long run of one sequence's tokens (1, 1 or T, V), in pieces of max_rows (teacher-forced
-        logits, a prompt in one call); None, with nothing written, where the caches or the adapter do not fit."""
+    def _pieces(self, ids: list[int], layers: Sequence, adapter, last_only: bool, rows: int) -> np.ndarray | None:
+        """Logits of a run of one sequence's tokens (1, 1 or T, V) in pieces of `rows` (teacher-forced logits, a
+        prompt in one call); None, with nothing written, where the caches or the adapter do not fit."""
         if self.caches.sequence(layers, len(ids)) is None or self._lora_rows([(layers, ids)], [adapter]) is False:
             return None
         out = []
-        for start in range(0, len(ids), self.max_rows):
-            piece = ids[start:start + self.max_rows]
+        for start in range(0, len(ids), rows):
+            piece = ids[start:start + rows]
             last = start + len(piece) == len(ids)
             out.append(self.step_rows([(layers, piece)], every_row=not last_only, adapters=[adapter],
                                       wanted=[last]))
