@@ -403,8 +403,7 @@ def fused_step(decoder: FusedDecoder | None, tokens, caches, last_only: bool = T
     as rows of the decode GEMVs cost about half what the prompt path's eager layers do (SmolLM2, 8 tokens:
     ~10 against ~20 ms), longer pieces go through the int8 prompt GEMMs. numpy without PyTorch in the
     process, else a tensor of the same memory."""
-    if decoder is None or len(tokens.shape) != 2 or tokens.shape[1] < 1 \
-            or (tokens.shape[1] > decoder.prompt_tokens and not decoder.takes_prompt(tokens.shape[1])):
+    if decoder is None or len(tokens.shape) != 2 or tokens.shape[1] < 1 or not decoder.takes_prompt(tokens.shape[1]):
         return None
     logits = decoder.step(np.asarray(tokens), caches, last_only)
     if logits is None or not torch_loaded():

@@ -228,8 +228,9 @@ void edgellm_int8_gemm(const void *act, int64_t t, int64_t k, const void *panel,
 #endif
 }
 
-/* The same product on the weight as the model holds it (in one of int8_layout.h's forms, n % 16 == 0): each thread packs its strips one at a time into a buffer of its own and multiplies them while they
-   are in its cache. No panel of the whole weight: nothing to keep, and the weight is read once. On
+/* The same product on the weight as the model holds it (in one of int8_layout.h's forms, n % 16 == 0): each
+   thread packs its strips one at a time into a buffer of its own and multiplies them while they are in its
+   cache. No panel of the whole weight: nothing to keep, and the weight is read once. On
    edgellm's pool: the native layers' GEMM (layer_ops.h), between kernels that run there too (pool.h). */
 void edgellm_int8_gemm_weight(const void *act, int64_t t, int64_t k, const uint8_t *weight, const uint16_t *scale_zero,
                               int64_t n, int form, float *out, int64_t ldo, const int32_t *channels, int64_t u,

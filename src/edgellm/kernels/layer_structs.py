@@ -12,6 +12,7 @@ from edgellm.extras import torch
 
 from edgellm.kernels.buffers import address
 from edgellm.kernels.gemv import Q8R16
+from edgellm.kernels.int8_prompt import STRIP, int8_takes_i4r64
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import DenseLinear, Int4Linear
@@ -20,7 +21,6 @@ _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 WEIGHT_INT4, WEIGHT_BF16, WEIGHT_F32 = -1, -2, -3  # else a ggml block type read in place (layer_types.h)
 MAX_PARTS = 3
-INT8_GROUP, INT8_STRIP = 32, 16  # int8_layout.h: k per group, rows per strip
 
 
 class WeightPart(ctypes.Structure):
@@ -82,7 +82,7 @@ def projection(linear) -> Projection:
         parts = [WeightPart(kind, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
                              linear.in_features, 0, 0)]
     else:
-        one_plane = linear.planes == 1 and linear.group == INT8_GROUP and linear.out_features % 64 == 0
+        one_plane = int8_takes_i4r64(linear.out_features, linear.in_features, linear.group, linear.planes)
         parts = [WeightPart(WEIGHT_INT4, address(linear.packed), address(linear.scale_zero),
                              linear.out_features, linear.planes * linear.in_features, linear.in_features,
                              linear.group, 4 if one_plane else 0)]
@@ -95,7 +95,7 @@ def _block_form(part, k: int) -> int:
     edgellm_int8_gemm_takes), Q6_K (6) or Q5_K (13) in whole strips, else 0."""
     if part.type == Q8R16:
         return 5 if part.q5_0 else 8
-    whole_strips = part.rows.shape[0] % INT8_STRIP == 0 and k % 256 == 0
+    whole_strips = part.rows.shape[0] % STRIP == 0 and k % 256 == 0
     return part.type if part.type in (GGMLType.Q6_K, GGMLType.Q5_K) and whole_strips else 0
 
 
