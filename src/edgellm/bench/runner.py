@@ -35,7 +35,8 @@ def llama_cpp_available() -> bool:
     return find_spec("llama_cpp") is not None
 
 
-def _spawn(cfg: dict, threads: int) -> dict:
+def spawn_worker(cfg: dict, threads: int) -> dict:
+    """Run bench/worker.py for one engine and config; its raw timings, with the cold start."""
     # OMP_NUM_THREADS must be in the environment before torch is imported (see docs/performance.md).
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     spawned = time.time()
@@ -88,7 +89,7 @@ def run_bench(config: BenchConfig, progress=print) -> dict:
                     progress(f"{model} · {threads} threads · {engine} · round {round_}/{config.rounds} ...")
                     cfg = dict(engine=engine, path=path, threads=threads, prompt_tokens=config.prompt_tokens,
                                gen_tokens=config.gen_tokens, repeat=config.repeat, mode=config.mode)
-                    raws[engine].append(_spawn(cfg, threads))
+                    raws[engine].append(spawn_worker(cfg, threads))
             for engine in engines:
                 entry["engines"][engine] = _summarize(raws[engine], config.gen_tokens)
             if "llama.cpp" in entry["engines"]:

@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--serve-memory", type=int, metavar="REQUESTS",
                        help="a default `edgellm serve` answering this many distinct chat prompts: its RSS against "
                             "the KV and prefix cache gauges")
+    bench.add_argument("--sizes", nargs="?", const="qwen2.5-0.5b,llama-3.2-1b,qwen2.5-1.5b,gemma-3-1b,llama-3.2-3b",
+                       default=None, metavar="SHAPE[,SHAPE]",
+                       help="random-weight models of real shapes (made once, cached): speed, load, memory and the "
+                            "share of the read bandwidth, against llama.cpp (also: qwen2.5-3b, qwen2.5-7b, "
+                            "llama-3.1-8b)")
+    bench.add_argument("--weight-types", default="Q4_K_M,Q4_0,Q8_0",
+                       help="comma-separated weight types for --sizes (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0)")
     bench.set_defaults(func=cmd_bench)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat/completions, SSE, /metrics)")

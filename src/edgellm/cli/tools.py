@@ -48,6 +48,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.quant:
         return _bench_quant(args)
+    if args.sizes:
+        return _bench_sizes(args)
     if args.architectures:
         from edgellm.bench.architectures import architecture_report
 
@@ -112,6 +114,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         print(f"plot written to {plot_report(report, args.plot)}", file=sys.stderr)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+def _bench_sizes(args: argparse.Namespace) -> int:
+    from edgellm.bench.sizes import format_sizes, plot_sizes, sizes_report
+    from edgellm.threads import default_threads
+
+    report = sizes_report([s for s in args.sizes.split(",") if s], [t for t in args.weight_types.split(",") if t],
+                          threads=(args.threads or [default_threads()])[0], prompt_tokens=args.prompt_tokens,
+                          gen_tokens=args.gen_tokens, repeat=args.repeat, rounds=args.rounds,
+                          llama_cpp=not args.no_llama_cpp,
+                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.plot:
+        print(f"plot written to {plot_sizes(report, args.plot)}", file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else format_sizes(report))
     return 0
 
 

@@ -29,10 +29,10 @@ typedef struct {
 static inline int64_t act_bytes(int64_t k, int64_t group) { return 4 * k + 8 * (k / group) + 64; }
 
 /* q = 256 hi + lo with hi, lo in [-128, 127], for the byte-wise dot products (NEON sdot, AVX2
-   vpmaddubsw): |q| <= ACT_MAX makes the split exact. */
+   vpmaddubsw, AVX-512's Q6_K rows): |q| <= ACT_MAX makes the split exact. */
 static inline void split_bytes(const int16_t *q, int64_t k, int8_t *hi, int8_t *lo) {
     int64_t i = 0;
-#if EDGELLM_AVX2
+#if EDGELLM_AVX2 || EDGELLM_AVX512
     for (; i + 16 <= k; i += 16) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(q + i));
         __m256i h = _mm256_srai_epi16(_mm256_add_epi16(v, _mm256_set1_epi16(128)), 8);

@@ -16,6 +16,7 @@ from edgellm.kernels.int8_prompt import STRIP, int8_takes_i4r64
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import DenseLinear, Int4Linear
+from edgellm.quant.packed import ConcatLinear
 
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -73,20 +74,26 @@ def layer_struct(n_vectors: int) -> type[ctypes.Structure]:
 
 
 def projection(linear) -> Projection:
+    parts = weight_parts(linear)
+    return Projection((WeightPart * MAX_PARTS)(*parts), len(parts))
+
+
+def weight_parts(linear) -> list[WeightPart]:
+    """The C parts of one linear, side by side along its output (a ConcatLinear's, in order)."""
+    if isinstance(linear, ConcatLinear):
+        return [part for sub in linear.parts for part in weight_parts(sub)]
     if isinstance(linear, BlockLinear):
         k = linear.in_features
-        parts = [WeightPart(p.type, address(p.rows), address(p.scale), p.rows.shape[0], k, k, 32, _block_form(p, k))
-                 for p in linear.parts]
-    elif isinstance(linear, DenseLinear):  # formats with no INT4 or block kernel, in the compute dtype
+        return [WeightPart(p.type, address(p.rows), address(p.scale), p.rows.shape[0], k, k, 32, _block_form(p, k))
+                for p in linear.parts]
+    if isinstance(linear, DenseLinear):  # formats with no INT4 or block kernel, in the compute dtype
         kind = WEIGHT_BF16 if linear.compute_dtype == torch.bfloat16 else WEIGHT_F32
-        parts = [WeightPart(kind, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
-                             linear.in_features, 0, 0)]
-    else:
-        one_plane = int8_takes_i4r64(linear.out_features, linear.in_features, linear.group, linear.planes)
-        parts = [WeightPart(WEIGHT_INT4, address(linear.packed), address(linear.scale_zero),
-                             linear.out_features, linear.planes * linear.in_features, linear.in_features,
-                             linear.group, 4 if one_plane else 0)]
-    return Projection((WeightPart * MAX_PARTS)(*parts), len(parts))
+        return [WeightPart(kind, linear.weight.data_ptr(), None, linear.out_features, linear.in_features,
+                           linear.in_features, 0, 0)]
+    one_plane = int8_takes_i4r64(linear.out_features, linear.in_features, linear.group, linear.planes)
+    return [WeightPart(WEIGHT_INT4, address(linear.packed), address(linear.scale_zero),
+                       linear.out_features, linear.planes * linear.in_features, linear.in_features,
+                       linear.group, 4 if one_plane else 0)]
 
 
 def _block_form(part, k: int) -> int:
@@ -100,6 +107,8 @@ def _block_form(part, k: int) -> int:
 
 
 def native_linear(linear) -> bool:
+    if isinstance(linear, ConcatLinear):  # a fused projection whose parts need different kernels
+        return all(native_linear(p) for p in linear.parts) and len(weight_parts(linear)) <= MAX_PARTS
     if isinstance(linear, BlockLinear):
         return len(linear.parts) <= MAX_PARTS
     if isinstance(linear, DenseLinear):

@@ -3,6 +3,7 @@
 Models ask for weights by their GGUF names; they never see bytes or files."""
 from __future__ import annotations
 
+from itertools import groupby
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -12,7 +13,7 @@ from edgellm.errors import ModelFormatError
 from edgellm.kernels.buffers import as_array
 from edgellm.module import Module
 from edgellm.quant.embedding import BlockEmbedding
-from edgellm.quant.ggml import float_vector
+from edgellm.quant.ggml import AFFINE_BITS, float_vector
 from edgellm.quant.linear import make_fused_linear
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.packed import QuantizedEmbedding, concat_linears, make_quantized_linear
@@ -70,6 +71,9 @@ class Weights:
         key = "+".join(names)
         rows = rows or {}
         infos = [self.source.tensors.get(n) for n in names]
+        groups = self._kernel_groups(names, infos)
+        if len(groups) > 1:
+            return concat_linears([self.linear(*group, rows=rows) for group in groups])
         cached = self.cache.get(key) if self.cache is not None else None
         if self.mode == "fast" and all(i is not None and BlockLinear.supports(i.ggml_type, i.shape) for i in infos):
             if isinstance(cached, BlockLinear):
@@ -94,6 +98,18 @@ class Weights:
             if len(shape) != 2:
                 raise ModelFormatError(self.source.path, f"tensor {n!r} has shape {shape}, expected 2-D")
         return self._keep(key, names, make_fused_linear(parts, mode=self.mode))
+
+    def _kernel_groups(self, names: tuple[str, ...], infos: list) -> list[tuple[str, ...]]:
+        """The runs of `names` one kernel can multiply fused. One run, unless the parts need different
+        kernels: llama.cpp's Q4_K_M keeps attn_v in Q6_K on some layers, and a q/k/v of Q4_K, Q4_K, Q6_K
+        fused would otherwise become dense (as bf16: 16 bits a weight read instead of 4.5 and 6.6)."""
+        if self.mode != "fast" or any(i is None or len(i.shape) != 2 for i in infos):
+            return [names]
+        in_blocks = [BlockLinear.supports(i.ggml_type, i.shape) for i in infos]
+        if all(in_blocks) or all(i.ggml_type in AFFINE_BITS for i in infos):
+            return [names]
+        pairs = list(zip(names, in_blocks))
+        return [tuple(n for n, _ in run) for _, run in groupby(pairs, key=lambda pair: pair[1])]
 
     def _keep(self, key: str, names, linear: Module) -> Module:
         self._release(names)

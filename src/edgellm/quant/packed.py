@@ -45,7 +45,7 @@ def make_quantized_linear(parts: Sequence[QuantizedWeight], mode: str) -> Module
 
 def concat_linears(linears: Sequence[Module]) -> Module:
     module = ConcatLinear(linears)
-    module.out_splits = [p.out_features for p in linears]
+    module.out_splits = [n for p in linears for n in getattr(p, "out_splits", [p.out_features])]
     return module
 
 
