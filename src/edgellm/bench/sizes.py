@@ -76,10 +76,11 @@ def sizes_report(shapes: list[str], weight_types: list[str], threads: int, promp
         for weight_type in weight_types:
             path = str(ensure_model(name, weight_type, progress))
             progress(f"{name} {weight_type}: first load ...")
+            first = first_load(path, threads)  # and the pack cache the bench's loads then map
             entry = run_bench(BenchConfig(models=[path], threads=[threads], prompt_tokens=prompt_tokens,
                                           gen_tokens=gen_tokens, repeat=repeat, rounds=rounds,
                                           llama_cpp=llama_cpp and llama_cpp_available()),
-                              progress)["results"][0] | dict(first_load=first_load(path, threads))
+                              progress)["results"][0] | dict(first_load=first)
             results.append(_with_bandwidth(entry | dict(shape=name, weight_type=weight_type), bandwidth))
     return dict(bandwidth=bandwidth, threads=threads, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                 repeat=repeat, rounds=rounds, results=results)
