@@ -15,6 +15,15 @@ def _rss() -> int:
 
 
 def _peak_rss() -> int:
+    """This process's own high-water mark: Linux's VmHWM belongs to the address space exec made. (ru_maxrss
+    survives fork and exec: a worker spawned by a parent that had held 1 GiB reported the parent's peak.)"""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
