@@ -15,7 +15,8 @@ from edgellm.bench.shapes import SHAPES, Shape, parameter_count, tensor_shapes, 
 from edgellm.bench.sizes import decode_bytes, read_bandwidth
 from edgellm.formats.gguf import open_gguf
 from edgellm.kernels.decode import FusedDecoder
-from edgellm.kernels.layer_structs import projection
+from edgellm import kernels
+from edgellm.kernels.layer_structs import linears, projection, weight_parts
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import Int4Linear
@@ -73,6 +74,11 @@ def test_a_fused_projection_of_q4_k_and_q6_k_parts_runs_each_on_its_kernel(tmp_p
         assert isinstance(qkv, ConcatLinear) and qkv.out_splits == [256, 128, 128]
         assert [type(p) for p in qkv.parts] == [Int4Linear, BlockLinear]
         assert projection(qkv).count == 2
+        lib = kernels.library()
+        for block in fast.net.blocks:  # the Q6_K parts in the int8 prompt GEMM's form for Q6_K (int8_layout.h)
+            q6 = [p for m in linears(block) for p in weight_parts(m) if p.kind == GGMLType.Q6_K]
+            assert len(q6) == 2 and all(p.int8_form == 6 for p in q6)
+            assert all(lib.edgellm_int8_gemm_takes(p.int8_form) for p in q6) == bool(lib.edgellm_int8_gemm_native())
         assert FusedDecoder.build(fast.net, "fast") is not None  # the native layers take it
         want, got = exact.logits(prompt)[-1], fast.logits(prompt)[-1]
         assert np.abs(np.asarray(got) - np.asarray(want)).max() < 0.02 * np.abs(np.asarray(want)).max()

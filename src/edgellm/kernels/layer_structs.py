@@ -103,7 +103,11 @@ def _block_form(part, k: int) -> int:
     if part.type == Q8R16:
         return 5 if part.q5_0 else 8
     whole_strips = part.rows.shape[0] % STRIP == 0 and k % 256 == 0
-    return part.type if part.type in (GGMLType.Q6_K, GGMLType.Q5_K) and whole_strips else 0
+    return _K_FORMS.get(part.type, 0) if whole_strips else 0
+
+
+# int8_layout.h's forms of the K-quants the int8 GEMM takes: Q6_K by its codes' width, Q5_K by ggml's number
+_K_FORMS = {GGMLType.Q6_K: 6, GGMLType.Q5_K: 13}
 
 
 def native_linear(linear) -> bool:
