@@ -116,3 +116,9 @@ def test_bench_sizes_times_a_real_sized_model_against_the_bandwidth(tmp_path):
     assert 0.05 < ours["bandwidth_fraction"] < 2 and entry["first_load"]["load_s"] > 0
     assert report["bandwidth"]["median_gb_s"] > 0 and plot.stat().st_size > 10_000
     assert (tmp_path / "shapes" / "qwen2.5-0.5b-random-Q8_0.gguf").exists()  # made once, cached
+    proc = _sizes("--sizes", "qwen2.5-0.5b", "--weight-types", "Q8_0", "--context", "64,128", "--gen-tokens", "4",
+                  "--no-llama-cpp", "--threads", "2", "--json", "--plot", str(tmp_path / "context.png"), cache=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["results"][0]["context"]
+    assert [(r["context"], r["kv"]) for r in rows] == [(64, "f16"), (64, "int8"), (128, "f16"), (128, "int8")]
+    assert all(r["edgellm"]["decode_tok_s"] > 0 for r in rows) and (tmp_path / "context.png").exists()

@@ -35,13 +35,14 @@ class RunTiming:
 class EdgeEngine:
     name = "edgellm"
 
-    def __init__(self, path: str, threads: int, mode: str = "fast"):
+    def __init__(self, path: str, threads: int, mode: str = "fast", kv: str | None = None):
         import edgellm
         from edgellm.kv import KVConfig
 
         # Repeats send the same prompt: a prefix cache would turn prefill into a lookup (llama.cpp
         # is reset before each run too).
-        self.model = edgellm.load(path, threads=threads, mode=mode, kv=KVConfig(prefix_cache_bytes=0))
+        precision = {} if kv is None else dict(k_precision=kv, v_precision=kv)
+        self.model = edgellm.load(path, threads=threads, mode=mode, kv=KVConfig(prefix_cache_bytes=0, **precision))
 
     def tokens(self, text: str) -> list[int]:
         return self.model.tokenizer.encode(text, add_special_tokens=False)
@@ -52,16 +53,22 @@ class EdgeEngine:
         return RunTiming(t.ttft_s, t.decode_s, t.completion_tokens)
 
 
+LLAMA_KV_TYPES = {"f16": 1, "int8": 8}
+
+
 class LlamaCppEngine:
     """llama.cpp through llama-cpp-python (the `bench` extra), greedy, same token ids."""
 
     name = "llama.cpp"
 
-    def __init__(self, path: str, threads: int, n_ctx: int):
+    def __init__(self, path: str, threads: int, n_ctx: int, kv: str | None = None):
         from llama_cpp import Llama
 
+        # edgellm's KV precisions as llama.cpp's cache types (ggml's F16, Q8_0); a quantized V cache
+        # needs flash attention there
+        cache = {} if kv is None else dict(type_k=LLAMA_KV_TYPES[kv], type_v=LLAMA_KV_TYPES[kv], flash_attn=True)
         self.llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         n_batch=512, verbose=False)
+                         n_batch=512, verbose=False, **cache)
 
     def tokens(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=False, special=False)

@@ -31,8 +31,9 @@ def _engine(cfg: dict):
     from edgellm.bench.engines import EdgeEngine, LlamaCppEngine
 
     if cfg["engine"] == "llama.cpp":
-        return LlamaCppEngine(cfg["path"], cfg["threads"], n_ctx=max(cfg["prompt_tokens"]) + cfg["gen_tokens"] + 8)
-    return EdgeEngine(cfg["path"], cfg["threads"], cfg.get("mode", "fast"))
+        return LlamaCppEngine(cfg["path"], cfg["threads"], n_ctx=max(cfg["prompt_tokens"]) + cfg["gen_tokens"] + 8,
+                              kv=cfg.get("kv"))
+    return EdgeEngine(cfg["path"], cfg["threads"], cfg.get("mode", "fast"), kv=cfg.get("kv"))
 
 
 def measure(cfg: dict) -> dict:

@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="random-weight models of real shapes (made once, cached): speed, load, memory and the "
                             "share of the read bandwidth, against llama.cpp (also: qwen2.5-3b, qwen2.5-7b, "
                             "llama-3.1-8b)")
+    bench.add_argument("--context", type=int_list, default=None, metavar="N[,N]",
+                       help="with --sizes: decode tok/s after N tokens of context instead, f16 and int8 KV, "
+                            "against llama.cpp's F16 and Q8_0 caches")
     bench.add_argument("--weight-types", default="Q4_K_M,Q4_0,Q8_0",
                        help="comma-separated weight types for --sizes (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0)")
     bench.set_defaults(func=cmd_bench)

@@ -1,0 +1,66 @@
+"""Decode speed with a long context behind it: `edgellm bench --sizes SHAPE --context 1024,4096,16384`.
+
+Each engine, in a process of its own per (context, KV type), takes a prompt of that many tokens and
+then decodes; only the decode is timed, so what it shows is how reading the KV cache slows each
+token as the context grows. KV in f16 and int8 (llama.cpp's F16 and Q8_0 caches, with flash
+attention, which its quantized V cache needs)."""
+from __future__ import annotations
+
+from edgellm.bench.engines import LLAMA_KV_TYPES
+from edgellm.bench.runner import spawn_worker
+
+KV_TYPES = tuple(LLAMA_KV_TYPES)
+
+
+def context_report(path: str, contexts: list[int], threads: int, gen_tokens: int = 32, kv_types=KV_TYPES,
+                   engines=("edgellm", "llama.cpp"), progress=lambda line: None) -> list[dict]:
+    """Per context length and KV type: each engine's decode tok/s after that many tokens of prompt."""
+    rows = []
+    for context in contexts:
+        for kv in kv_types:
+            row = dict(context=context, kv=kv)
+            for engine in engines:
+                progress(f"{engine}: {context} tokens of context, {kv} KV ...")
+                raw = spawn_worker(dict(engine=engine, path=path, threads=threads, prompt_tokens=[context],
+                                        gen_tokens=gen_tokens, repeat=1, kv=kv), threads)
+                (run,) = raw["runs"][str(context)]
+                row[engine] = dict(decode_tok_s=round((run["generated"] - 1) / run["decode_s"], 2),
+                                   prefill_tok_s=round(context / run["ttft_s"], 1))
+            if len(engines) == 2:
+                row["decode_ratio"] = round(row["edgellm"]["decode_tok_s"] / row["llama.cpp"]["decode_tok_s"], 3)
+            rows.append(row)
+    return rows
+
+
+def format_context(rows: list[dict]) -> str:
+    lines = [f"{'context':>8}{'KV':>6}{'decode tok/s':>14}{'llama.cpp':>11}{'ratio':>7}"]
+    for row in rows:
+        theirs = row.get("llama.cpp", {}).get("decode_tok_s", float("nan"))
+        lines.append(f"{row['context']:>8}{row['kv']:>6}{row['edgellm']['decode_tok_s']:>14.1f}{theirs:>11.1f}"
+                     f"{row.get('decode_ratio', float('nan')):>7.2f}")
+    return "\n".join(lines)
+
+
+def plot_context(report: dict, path) -> None:
+    """Decode tok/s against context length (log x), per engine and KV type, one panel per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.5), squeeze=False)
+    for ax, entry in zip(axes[0], results):
+        for engine, style in (("edgellm", "o-"), ("llama.cpp", "s--")):
+            for kv in dict.fromkeys(row["kv"] for row in entry["context"]):
+                rows = [row for row in entry["context"] if row["kv"] == kv and engine in row]
+                if rows:
+                    ax.plot([r["context"] for r in rows], [r[engine]["decode_tok_s"] for r in rows], style,
+                            label=f"{engine}, {kv} KV")
+        ax.set(xscale="log", xlabel="tokens of context", ylabel="decode tokens/s",
+               title=f"{entry['shape']} {entry['weight_type']}, {report['threads']} threads")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
