@@ -79,10 +79,10 @@ class Model:
         self.tokenizer = load_tokenizer(source)
         return_freed_heap()  # reading a tokenizer.json (HF folders, quantized files) leaves freed heap behind
         self.template = ChatTemplate.from_metadata(source.metadata, self.tokenizer)
-        packed = pack_cache_for(source.path, mode)
+        packed = self._pack_cache = pack_cache_for(source.path, mode)
         self.net = build_model(source, self.tokenizer.vocab_size, mode, packed, context_length)
         if packed is not None:
-            packed.save()
+            packed.save_behind()
         source.drop_pages()
         self.config = self.net.config
         self.context_length = min(context_length or self.config.context_length, self.config.context_length)
@@ -352,6 +352,8 @@ class Model:
         if self._owns_draft:
             self.draft.close()
             self._owns_draft = False
+        if self._pack_cache is not None:
+            self._pack_cache.wait()
         self.net = None
         self.source.close()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import torch
 
 import edgellm
 from edgellm import kernels
-from edgellm.formats.pack import cache_path
+from edgellm.formats.pack import cache_path, wait_for_writes
 from edgellm.quant.linear import Int4Linear
 
 
@@ -34,6 +36,7 @@ def _views(array, path: Path) -> bool:
 def test_second_load_uses_the_cache_and_matches(smollm2_path, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path))
     first = edgellm.load(smollm2_path)
+    wait_for_writes()  # the entry is written behind the load
     (cache_file,) = _packed_files(tmp_path)
     reference = first.generate("The lighthouse keeper", max_tokens=12).token_ids
     logits = first.logits([1, 2, 3, 4])
@@ -106,3 +109,21 @@ def test_entries_of_removed_files_and_older_builds_go_and_others_stay(smollm2_pa
     stamp = of_second.stat().st_mtime_ns
     edgellm.load(second).close()
     assert of_second.stat().st_mtime_ns == stamp  # still read, not rewritten
+
+
+def test_the_entry_is_written_behind_the_load_and_before_the_process_ends(smollm2_path, tmp_path, monkeypatch):
+    """A first load returns before its conversions reach the disk: a process that never closes the
+    model still leaves the whole entry behind, and a load right after a first one in the same
+    process maps the entry rather than converting again."""
+    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path / "a"))
+    script = f"import edgellm; m = edgellm.load({str(smollm2_path)!r}); print(m.generate('Hi', max_tokens=2).token_ids)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _packed_files(tmp_path / "a") == [cache_path(smollm2_path, "fast")]
+    assert not list((tmp_path / "a" / "packed").glob("*.partial"))
+
+    monkeypatch.setenv("EDGELLM_CACHE", str(tmp_path / "b"))
+    first, second = edgellm.load(smollm2_path), edgellm.load(smollm2_path)
+    assert _views(second.net.lm_head.parts[0].rows, cache_path(smollm2_path, "fast"))
+    first.close()
+    second.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from edgellm.atomic import atomic_path, remove_files
@@ -122,6 +123,22 @@ class PackCache:
         self._meta[key] = meta
         self.dirty = True
 
+    def save_behind(self) -> None:
+        """save() on a thread of its own: a first load returns before its conversions reach the disk
+        (Qwen2.5-1.5B Q4_K_M: 0.7 GB, 1.6-1.9 s of a 3.8 s first load). The thread is not a daemon, so
+        the process waits for it at exit; a later load of the same file in this process, and wait(),
+        wait for it too."""
+        if not self.dirty:
+            return
+        thread = threading.Thread(target=self.save, name="edgellm-pack-cache")
+        with _writing_lock:
+            _writing[self.path] = thread
+        thread.start()
+
+    def wait(self) -> None:
+        """Until a save_behind() of this entry has finished."""
+        _wait_for(self.path)
+
     def save(self) -> None:
         """Write atomically; a read-only or full cache directory only costs the next load time."""
         if not self.dirty:
@@ -142,7 +159,31 @@ def pack_cache_for(path: str | Path, mode: str) -> PackCache | None:
     if mode != "fast" or os.environ.get("EDGELLM_PACK_CACHE", "1") == "0":
         return None
     identity = _identity(path, mode)
-    return PackCache(_entry_path(identity), identity)
+    entry = _entry_path(identity)
+    _wait_for(entry)  # an earlier load in this process may still be writing it
+    return PackCache(entry, identity)
+
+
+_writing: dict[Path, threading.Thread] = {}  # entries being written behind their loads
+_writing_lock = threading.Lock()
+
+
+def wait_for_writes() -> None:
+    """Until every entry this process is writing behind its load is written."""
+    with _writing_lock:
+        entries = list(_writing)
+    for entry in entries:
+        _wait_for(entry)
+
+
+def _wait_for(entry: Path) -> None:
+    with _writing_lock:
+        thread = _writing.get(entry)
+    if thread is not None:
+        thread.join()
+        with _writing_lock:
+            if _writing.get(entry) is thread:
+                del _writing[entry]
 
 
 def _identity(path: str | Path, mode: str) -> dict[str, str]:
