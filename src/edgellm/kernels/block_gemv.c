@@ -251,6 +251,64 @@ ALWAYS_INLINE void q6_k_row_dots(const uint8_t *row, int64_t k, int m, const Act
     }
     for (int i = 0; i < m; i++) out[i] = vf_sum(vf_add(acc[i][0], acc[i][1]));
 }
+
+/* A Q5_K super-block's 8 sub-block scales d * sc and mins dmin * m (k_scale_min's unpacking, 4 bytes at
+   a time: a loop of scalars per sub-block cost as much as the block's products). */
+static inline void k_scales_mins(const uint8_t *blk, __m256 *scales, __m256 *mins) {
+    uint32_t w[3];
+    memcpy(w, blk + 4, 12);
+    uint64_t sc = (w[0] & 0x3f3f3f3fu) | (uint64_t)((w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4)) << 32;
+    uint64_t mn = (w[1] & 0x3f3f3f3fu) | (uint64_t)(((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4)) << 32;
+    *scales = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))),
+                            _mm256_set1_ps(half_at(blk)));
+    *mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
+                          _mm256_set1_ps(half_at(blk + 2)));
+}
+
+/* out[i] = a Q5_K row . activation row i on AVX-512, 64 weights a vector as the Q6_K rows go: a chunk's
+   32 bytes of nibbles are two sub-blocks (low nibbles, then high), their fifth bits from qh, each 8
+   int32 lanes of vpdpbusd with the activations' two bytes; a super-block's 8 sub-block scales times
+   their groups' dx are permuted onto the lanes, and the mins come off through the activations' sums
+   of 32. The generic path widens 32 codes at a time: Q5_K_M's q, k, gate and up took half of a
+   Qwen2.5-1.5B decode there. */
+ALWAYS_INLINE void q5_k_row_dots(const uint8_t *row, int64_t k, int m, const Act *act, float *out) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+    const __m512i lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
+    vf acc[MAX_M][2];
+    __m256 mins[MAX_M];
+    for (int i = 0; i < m; i++) acc[i][0] = acc[i][1] = vf_zero(), mins[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = row + b * Q5_K_BYTES;
+        __m256 scales, offsets;
+        k_scales_mins(blk, &scales, &offsets);
+        __m512 sdx[MAX_M];
+        for (int i = 0; i < m; i++) {
+            sdx[i] = _mm512_castps256_ps512(_mm256_mul_ps(scales, _mm256_loadu_ps(act[i].dx + b * 8)));
+            mins[i] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(act[i].sum + b * 8), mins[i]);
+        }
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+        for (int j = 0; j < 4; j++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * j));
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, low4),
+                                         _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j)), 4), bit4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                         _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), 4), bit4));
+            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            __m512i pick = _mm512_add_epi32(lane, _mm512_set1_epi32(2 * j));
+            int64_t at = b * 256 + 64 * j;
+            for (int i = 0; i < m; i++) {
+                __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512((const void *)(act[i].hi + at)));
+                __m512i v = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), q, _mm512_loadu_si512((const void *)(act[i].lo + at)));
+                acc[i][j & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_permutexvar_ps(pick, sdx[i]), acc[i][j & 1]);
+            }
+        }
+    }
+    for (int i = 0; i < m; i++) {
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(mins[i]), _mm256_extractf128_ps(mins[i], 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[i] = vf_sum(vf_add(acc[i][0], acc[i][1])) - _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+}
 #endif
 
 /* out[i] = row . activation row i, for one row of blocks; every m sums in the same order. */
@@ -305,7 +363,9 @@ ALWAYS_INLINE void gemv_rows(const BlockGemv *a, int type, int64_t r0, int64_t r
         for (int64_t p = 0; p < rb; p += 64) __builtin_prefetch(a->blocks + (r + ahead) * rb + p);
         const uint8_t *row = a->blocks + r * rb;
 #if EDGELLM_AVX512
-#define ROW_DOTS(M) (type == BLOCK_Q6_K ? q6_k_row_dots(row, a->k, M, a->act, a->q6, out) : row_dots(row, type, a->k, M, a->act, out))
+#define ROW_DOTS(M) (type == BLOCK_Q6_K   ? q6_k_row_dots(row, a->k, M, a->act, a->q6, out) \
+                     : type == BLOCK_Q5_K ? q5_k_row_dots(row, a->k, M, a->act, out)        \
+                                          : row_dots(row, type, a->k, M, a->act, out))
 #else
 #define ROW_DOTS(M) row_dots(row, type, a->k, M, a->act, out)
 #endif
@@ -354,7 +414,8 @@ void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks,
     if (type == BLOCK_Q6_K) {
         for (int i = 0; i < m; i++) q6[i] = q6_act(&act[i], k, (uint8_t *)work + m * act_bytes(k, 32) + i * q6_act_bytes(k));
         a.q6 = q6;
-    }
+    } else if (type == BLOCK_Q5_K)
+        for (int i = 0; i < m; i++) split_bytes(act[i].q, k, (int8_t *)act[i].hi, (int8_t *)act[i].lo);
 #endif
     PoolRange rows = type == BLOCK_I8    ? gemv_rows_I8
                      : type == BLOCK_Q8_0 ? gemv_rows_Q8_0
