@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgellm.bench.shapes import byte_vocabulary
+
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma2", "gemma3")
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 576, 9, 3, 64, 1536, 32_000
 
@@ -35,7 +37,7 @@ def write_synthetic(path: Path, arch: str, layers: int = 12, seed: int = 0) -> P
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(50.0)
         writer.add_final_logit_softcapping(30.0)
-    _byte_vocabulary(writer)
+    byte_vocabulary(writer, VOCAB)
     for name, shape in _tensor_shapes(arch, layers):
         if len(shape) == 1:
             writer.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
@@ -71,22 +73,6 @@ def _tensor_shapes(arch: str, layers: int) -> list[tuple[str, tuple[int, ...]]]:
         if arch.startswith("gemma"):
             shapes += [(f"{p}.post_attention_norm.weight", (HIDDEN,)), (f"{p}.post_ffw_norm.weight", (HIDDEN,))]
     return shapes
-
-
-def _byte_vocabulary(writer) -> None:
-    """A SentencePiece vocabulary of the 256 byte tokens and filler: any text encodes, byte by byte."""
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"▁filler{i}" for i in range(VOCAB - len(tokens))]
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * (VOCAB - 259))
-    writer.add_token_scores([0.0] * VOCAB)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_space_prefix(False)
-    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")  # loading asks for one
 
 
 def weight_bytes(path: Path) -> int:

@@ -178,10 +178,10 @@ def _write_metadata(writer, shape: Shape) -> None:
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
     writer.add_file_type(LLAMA_FTYPES["Q8_0"])
-    _byte_vocabulary(writer, shape.vocab)
+    byte_vocabulary(writer, shape.vocab)
 
 
-def _byte_vocabulary(writer, vocab: int) -> None:
+def byte_vocabulary(writer, vocab: int) -> None:
     """A SentencePiece vocabulary of the 256 byte tokens padded to `vocab`: any text encodes."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     tokens += [f"▁filler{i}" for i in range(vocab - len(tokens))]
