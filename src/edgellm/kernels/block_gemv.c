@@ -191,26 +191,24 @@ ALWAYS_INLINE void small_row_dots(const uint8_t *row, int type, int64_t k, int m
 #endif
 
 #if EDGELLM_AVX512
-/* What the AVX-512 Q6_K rows need of an activation row beyond its Act: each int32 lane's dx (a lane
-   sums 4 products, 8 lanes share a group of 32) and each 16 weights' offset term 32 * dx * sum(q). */
-typedef struct {
-    const float *lane_dx, *offset;
-} Q6Act;
+/* What the AVX-512 Q6_K rows need of an activation row beyond its Act: each 16 weights' offset term
+   32 * dx * sum(q), the codes' bias times the activations it meets. */
+static inline int64_t q6_offset_bytes(int64_t k) { return k / 4 + 64; }
 
-static inline int64_t q6_act_bytes(int64_t k) { return k + k / 4 + 64; }
-
-static Q6Act q6_act(Act *a, int64_t k, uint8_t *mem) {
-    split_bytes(a->q, k, (int8_t *)a->hi, (int8_t *)a->lo);
-    float *lane_dx = (float *)mem, *offset = lane_dx + k / 4;
-    for (int64_t g = 0; g < k / 32; g++)
-        for (int j = 0; j < 8; j++) lane_dx[8 * g + j] = a->dx[g];
+static const float *q6_offsets(const Act *a, int64_t k, float *offset) {
     for (int64_t s = 0; s < k / 16; s++) {
         int32_t sum = 0;
         for (int j = 0; j < 16; j++) sum += a->q[16 * s + j];
         offset[s] = 32.f * a->dx[s / 2] * (float)sum;
     }
-    Q6Act q = {lane_dx, offset};
-    return q;
+    return offset;
+}
+
+/* The int32 lanes (4 products each) of 64 unsigned codes . an activation row's 64 values from `at`, each
+   value as its two signed bytes (q = 256 hi + lo, split_bytes): exact. */
+static inline __m512i codes_dot(__m512i codes, const Act *a, int64_t at) {
+    __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512((const void *)(a->hi + at)));
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(hi, 8), codes, _mm512_loadu_si512((const void *)(a->lo + at)));
 }
 
 /* out[i] = a Q6_K row . activation row i on AVX-512, 64 weights a vector: the 6-bit codes unpacked as
@@ -219,18 +217,24 @@ static Q6Act q6_act(Act *a, int64_t k, uint8_t *mem) {
    comes off once per super-block through each 16's sum of activations. The generic path widens 32
    codes at a time to int16 and read Q6_K at 13-15 GB/s on 2 Zen 4 cores from cache, under the DRAM's
    ~20 (Qwen2.5-1.5B Q4_K_M keeps its head and half its down projections in Q6_K). */
-ALWAYS_INLINE void q6_k_row_dots(const uint8_t *row, int64_t k, int m, const Act *act, const Q6Act *q6, float *out) {
+ALWAYS_INLINE void q6_k_row_dots(const uint8_t *row, int64_t k, int m, const Act *act, const float *const *offsets,
+                                float *out) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
     const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);    /* bits 0-1 | 2-3 */
     const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  /* 4-5 | 6-7 */
-    const __m512i lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 2);
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lane = _mm512_srli_epi32(lanes, 2), group = _mm512_srli_epi32(lanes, 1);  /* 4 lanes a 16, 2 16s a dx */
     vf acc[MAX_M][2];  /* the two vectors of each half: two fma chains per row */
     for (int i = 0; i < m; i++) acc[i][0] = acc[i][1] = vf_zero();
     for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = row + b * Q6_K_BYTES;
         __m512 scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
                                       _mm512_set1_ps(half_at(blk + 208)));  /* d * scale of each 16 */
-        for (int i = 0; i < m; i++) acc[i][0] = _mm512_fnmadd_ps(scales, _mm512_loadu_ps(q6[i].offset + b * 16), acc[i][0]);
+        __m512 sdx[MAX_M];  /* each 16's d * scale * dx */
+        for (int i = 0; i < m; i++) {
+            acc[i][0] = _mm512_fnmadd_ps(scales, _mm512_loadu_ps(offsets[i] + b * 16), acc[i][0]);
+            sdx[i] = _mm512_mul_ps(scales, _mm512_permutexvar_ps(group, _mm512_castps256_ps512(_mm256_loadu_ps(act[i].dx + b * 8))));
+        }
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
             __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
@@ -239,13 +243,10 @@ ALWAYS_INLINE void q6_k_row_dots(const uint8_t *row, int64_t k, int m, const Act
                 _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), _mm512_and_si512(_mm512_srlv_epi16(qh, down), high2))};
             for (int j = 0; j < 2; j++) {
                 int64_t at = b * 256 + 128 * h + 64 * j;  /* first weight of the vector */
-                __m512 sw = _mm512_permutexvar_ps(_mm512_add_epi32(lane, _mm512_set1_epi32(8 * h + 4 * j)), scales);
-                for (int i = 0; i < m; i++) {
-                    __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[j], _mm512_loadu_si512((const void *)(act[i].hi + at)));
-                    __m512i v = _mm512_dpbusd_epi32(_mm512_slli_epi32(hi, 8), q[j], _mm512_loadu_si512((const void *)(act[i].lo + at)));
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(sw, _mm512_loadu_ps(q6[i].lane_dx + at / 4)),
-                                                acc[i][j]);
-                }
+                __m512i pick = _mm512_add_epi32(lane, _mm512_set1_epi32(8 * h + 4 * j));
+                for (int i = 0; i < m; i++)
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes_dot(q[j], &act[i], at)),
+                                                _mm512_permutexvar_ps(pick, sdx[i]), acc[i][j]);
             }
         }
     }
@@ -296,18 +297,12 @@ ALWAYS_INLINE void q5_k_row_dots(const uint8_t *row, int64_t k, int m, const Act
             __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
             __m512i pick = _mm512_add_epi32(lane, _mm512_set1_epi32(2 * j));
             int64_t at = b * 256 + 64 * j;
-            for (int i = 0; i < m; i++) {
-                __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512((const void *)(act[i].hi + at)));
-                __m512i v = _mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), q, _mm512_loadu_si512((const void *)(act[i].lo + at)));
-                acc[i][j & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_permutexvar_ps(pick, sdx[i]), acc[i][j & 1]);
-            }
+            for (int i = 0; i < m; i++)
+                acc[i][j & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes_dot(q, &act[i], at)),
+                                                _mm512_permutexvar_ps(pick, sdx[i]), acc[i][j & 1]);
         }
     }
-    for (int i = 0; i < m; i++) {
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(mins[i]), _mm256_extractf128_ps(mins[i], 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        out[i] = vf_sum(vf_add(acc[i][0], acc[i][1])) - _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-    }
+    for (int i = 0; i < m; i++) out[i] = vf_sum(vf_add(acc[i][0], acc[i][1])) - f8_sum(mins[i]);
 }
 #endif
 
@@ -353,7 +348,7 @@ typedef struct {
     const uint16_t *row_scale;
     float *y;
     int64_t ldy;
-    const void *q6;  /* AVX-512: each activation row's Q6Act */
+    const float *const *q6_offsets;  /* AVX-512, Q6_K: each activation row's (q6_offsets) */
 } BlockGemv;
 
 ALWAYS_INLINE void gemv_rows(const BlockGemv *a, int type, int64_t r0, int64_t r1) {
@@ -363,7 +358,7 @@ ALWAYS_INLINE void gemv_rows(const BlockGemv *a, int type, int64_t r0, int64_t r
         for (int64_t p = 0; p < rb; p += 64) __builtin_prefetch(a->blocks + (r + ahead) * rb + p);
         const uint8_t *row = a->blocks + r * rb;
 #if EDGELLM_AVX512
-#define ROW_DOTS(M) (type == BLOCK_Q6_K   ? q6_k_row_dots(row, a->k, M, a->act, a->q6, out) \
+#define ROW_DOTS(M) (type == BLOCK_Q6_K   ? q6_k_row_dots(row, a->k, M, a->act, a->q6_offsets, out) \
                      : type == BLOCK_Q5_K ? q5_k_row_dots(row, a->k, M, a->act, out)        \
                                           : row_dots(row, type, a->k, M, a->act, out))
 #else
@@ -392,7 +387,7 @@ GEMV_ROWS(Q5_K)
 GEMV_ROWS(Q6_K)
 
 #if EDGELLM_AVX512
-int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * (act_bytes(k, 32) + q6_act_bytes(k)); }
+int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * (act_bytes(k, 32) + q6_offset_bytes(k)); }
 #else
 int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * act_bytes(k, 32); }
 #endif
@@ -410,12 +405,14 @@ void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks,
     for (int i = 0; i < m; i++) act[i] = quantize_act(x + i * k, k, 32, (uint8_t *)work + i * act_bytes(k, 32));
     BlockGemv a = {act, m, k, blocks, type == BLOCK_I8 ? row_scale : NULL, y, ldy, NULL};
 #if EDGELLM_AVX512
-    Q6Act q6[MAX_M];
-    if (type == BLOCK_Q6_K) {
-        for (int i = 0; i < m; i++) q6[i] = q6_act(&act[i], k, (uint8_t *)work + m * act_bytes(k, 32) + i * q6_act_bytes(k));
-        a.q6 = q6;
-    } else if (type == BLOCK_Q5_K)
+    const float *offsets[MAX_M];
+    if (type == BLOCK_Q6_K || type == BLOCK_Q5_K)  /* their rows' codes_dot reads the activations' bytes */
         for (int i = 0; i < m; i++) split_bytes(act[i].q, k, (int8_t *)act[i].hi, (int8_t *)act[i].lo);
+    if (type == BLOCK_Q6_K) {
+        for (int i = 0; i < m; i++)
+            offsets[i] = q6_offsets(&act[i], k, (float *)((uint8_t *)work + m * act_bytes(k, 32) + i * q6_offset_bytes(k)));
+        a.q6_offsets = offsets;
+    }
 #endif
     PoolRange rows = type == BLOCK_I8    ? gemv_rows_I8
                      : type == BLOCK_Q8_0 ? gemv_rows_Q8_0
