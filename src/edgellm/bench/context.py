@@ -6,8 +6,12 @@ token as the context grows. KV in f16 and int8 (llama.cpp's F16 and Q8_0 caches,
 attention, which its quantized V cache needs)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from edgellm.bench.engines import LLAMA_KV_TYPES
-from edgellm.bench.runner import spawn_worker
+from edgellm.bench.plot import pyplot, save
+from edgellm.bench.runner import llama_cpp_available, spawn_worker
+from edgellm.bench.shapes import check_names, ensure_model
 
 KV_TYPES = tuple(LLAMA_KV_TYPES)
 
@@ -32,6 +36,22 @@ def context_report(path: str, contexts: list[int], threads: int, gen_tokens: int
     return rows
 
 
+def contexts_report(shapes: list[str], weight_types: list[str], contexts: list[int], threads: int,
+                    gen_tokens: int = 32, llama_cpp: bool = True, progress=lambda line: None) -> dict:
+    """context_report for every (shape, weight type) of bench/shapes.py, its file made first where missing."""
+    check_names(shapes, weight_types)
+    engines = ("edgellm", "llama.cpp") if llama_cpp and llama_cpp_available() else ("edgellm",)
+    results = [dict(shape=shape, weight_type=kind,
+                    context=context_report(str(ensure_model(shape, kind, progress)), contexts, threads,
+                                           gen_tokens=gen_tokens, engines=engines, progress=progress))
+               for shape in shapes for kind in weight_types]
+    return dict(threads=threads, gen_tokens=gen_tokens, results=results)
+
+
+def format_contexts(report: dict) -> str:
+    return "\n\n".join(f"{e['shape']} {e['weight_type']}\n{format_context(e['context'])}" for e in report["results"])
+
+
 def format_context(rows: list[dict]) -> str:
     lines = [f"{'context':>8}{'KV':>6}{'decode tok/s':>14}{'llama.cpp':>11}{'ratio':>7}"]
     for row in rows:
@@ -41,13 +61,9 @@ def format_context(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_context(report: dict, path) -> None:
+def plot_context(report: dict, path: str | Path) -> Path:
     """Decode tok/s against context length (log x), per engine and KV type, one panel per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     results = report["results"]
     fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.5), squeeze=False)
     for ax, entry in zip(axes[0], results):
@@ -61,6 +77,4 @@ def plot_context(report: dict, path) -> None:
                title=f"{entry['shape']} {entry['weight_type']}, {report['threads']} threads")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return save(fig, path)

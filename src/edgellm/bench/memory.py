@@ -11,6 +11,7 @@ import sys
 import time
 
 from edgellm.bench.engines import bench_prompt
+from edgellm.bench.plot import pyplot, save
 from edgellm.memory import rss_bytes, return_freed_heap
 
 CONTEXTS = (10, 100, 512, 1024, 2048, 4096)
@@ -90,11 +91,7 @@ def shared_prompt_kv(model_name: str, sessions: int = 8, prompt_tokens: int = 10
 
 
 def plot_memory(report: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (rss_ax, kv_ax, speed_ax) = plt.subplots(1, 3, figsize=(17, 4.5))
     for curve in report["curves"]:
         xs = [p["tokens"] for p in curve["points"]]
@@ -107,9 +104,7 @@ def plot_memory(report: dict, path) -> None:
     for ax in (rss_ax, kv_ax, speed_ax):
         ax.grid(alpha=0.3)
         ax.legend(title="KV precision")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def kv_decode_speed(model_name: str, precisions=("f16", "int8", "int4"), contexts=(128, 1024, 4096),

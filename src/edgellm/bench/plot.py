@@ -4,12 +4,26 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def plot_report(report: dict, path: str | Path) -> Path:
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: the bench plots are files, no display is opened."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save(fig, path: str | Path) -> Path:
+    """Lay `fig` out, write it to `path` (PNG) and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return Path(path)
+
+
+def plot_report(report: dict, path: str | Path) -> Path:
+    plt = pyplot()
     results = report["results"]
     models = list(dict.fromkeys(r["model"] for r in results))
     threads = sorted({r["threads"] for r in results})
@@ -20,10 +34,7 @@ def plot_report(report: dict, path: str | Path) -> Path:
         _by_prompt(axes[row][0], max(entries, key=lambda r: r["threads"]), model)
         if cols == 2:
             _by_threads(axes[row][1], entries, model)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)
 
 
 def _by_prompt(ax, entry: dict, model: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgellm.bench.engines import bench_prompt
+from edgellm.bench.plot import pyplot, save
 
 DECODE_TOKENS, PROMPT_TOKENS, REPEAT = 64, 128, 3
 
@@ -70,11 +71,7 @@ def format_quant_table(report: dict) -> str:
 
 def plot_quant(reports: list[dict], path: str | Path) -> Path:
     """KL against bits per weight, one panel per source model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(reports), figsize=(6.5 * len(reports), 4.5), squeeze=False)
     for ax, report in zip(axes[0], reports):
         rows = [r for r in report["results"] if r["recipe"] != "source"]
@@ -87,7 +84,4 @@ def plot_quant(reports: list[dict], path: str | Path) -> Path:
         ax.set_ylabel("mean KL vs float source (lower is better)")
         ax.set_title(Path(report["source"]).name)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)

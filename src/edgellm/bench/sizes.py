@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgellm.bench.plot import pyplot, save
 from edgellm.bench.runner import BenchConfig, llama_cpp_available, run_bench, spawn_worker
 from edgellm.bench.shapes import SHAPES, check_names, ensure_model, parameter_count
 
@@ -125,11 +126,7 @@ def format_sizes(report: dict) -> str:
 def plot_sizes(report: dict, path: str | Path) -> Path:
     """Decode tok/s against the bytes a token reads (log-log), per engine and weight type, with the
     line the read bandwidth draws."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     results = report["results"]
     for engine, marker in (("edgellm", "o"), ("llama.cpp", "s")):
@@ -149,10 +146,7 @@ def plot_sizes(report: dict, path: str | Path) -> Path:
            title=f"decode against model size, {report['threads']} threads")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)
 
 
 def _decode(entry: dict, engine: str) -> float:

@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
+from edgellm.bench.plot import pyplot, save
+
 CHAT_PROMPTS = ["Write a short story about a robot who learns to paint.",
                 "Explain why the sky is blue to a ten-year-old.",
                 "Give me three tips for a job interview, with one sentence on each."]
@@ -124,11 +126,7 @@ def format_speculative(report: dict) -> str:
 def plot_speculative(report: dict, path: str | Path) -> Path:
     """PNG: each drafter's speedup over plain decoding per prompt (bars), its share of guesses
     kept and tokens per target pass in the labels; the dashed line is plain decoding."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     workloads = report["workloads"]
     fig, ax = plt.subplots(figsize=(7.5, 4))
     x = 0
@@ -146,7 +144,4 @@ def plot_speculative(report: dict, path: str | Path) -> Path:
            xlabel="prompt of each drafter's set", ylabel="decode tok/s vs plain")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save(fig, path)

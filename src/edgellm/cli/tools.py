@@ -118,43 +118,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_sizes(args: argparse.Namespace) -> int:
-    from edgellm.bench.sizes import format_sizes, plot_sizes, sizes_report
-    from edgellm.threads import default_threads
-
-    if args.context:
-        return _bench_context(args)
-    report = sizes_report([s for s in args.sizes.split(",") if s], [t for t in args.weight_types.split(",") if t],
-                          threads=(args.threads or [default_threads()])[0], prompt_tokens=args.prompt_tokens,
-                          gen_tokens=args.gen_tokens, repeat=args.repeat, rounds=args.rounds,
-                          llama_cpp=not args.no_llama_cpp,
-                          progress=lambda line: print(line, file=sys.stderr, flush=True))
-    if args.plot:
-        print(f"plot written to {plot_sizes(report, args.plot)}", file=sys.stderr)
-    print(json.dumps(report, indent=2) if args.json else format_sizes(report))
-    return 0
-
-
-def _bench_context(args: argparse.Namespace) -> int:
-    from edgellm.bench.context import context_report, format_context, plot_context
-    from edgellm.bench.runner import llama_cpp_available
-    from edgellm.bench.shapes import check_names, ensure_model
+    from edgellm.bench import context, sizes
     from edgellm.threads import default_threads
 
     shapes, types = [s for s in args.sizes.split(",") if s], [t for t in args.weight_types.split(",") if t]
-    check_names(shapes, types)
-    threads = (args.threads or [default_threads()])[0]
-    engines = ("edgellm", "llama.cpp") if not args.no_llama_cpp and llama_cpp_available() else ("edgellm",)
-    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    results = [dict(shape=shape, weight_type=kind,
-                    context=context_report(str(ensure_model(shape, kind, progress)), args.context, threads,
-                                           gen_tokens=args.gen_tokens, engines=engines, progress=progress))
-               for shape in shapes for kind in types]
-    report = dict(threads=threads, gen_tokens=args.gen_tokens, results=results)
+    common = dict(threads=(args.threads or [default_threads()])[0], gen_tokens=args.gen_tokens,
+                  llama_cpp=not args.no_llama_cpp, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.context:
+        report = context.contexts_report(shapes, types, args.context, **common)
+        plot, text = context.plot_context, context.format_contexts
+    else:
+        report = sizes.sizes_report(shapes, types, prompt_tokens=args.prompt_tokens, repeat=args.repeat,
+                                    rounds=args.rounds, **common)
+        plot, text = sizes.plot_sizes, sizes.format_sizes
     if args.plot:
-        plot_context(report, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    print(json.dumps(report, indent=2) if args.json else
-          "\n\n".join(f"{e['shape']} {e['weight_type']}\n{format_context(e['context'])}" for e in results))
+        print(f"plot written to {plot(report, args.plot)}", file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else text(report))
     return 0
 
 
