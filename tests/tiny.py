@@ -152,9 +152,10 @@ PHI3_CONTEXT, PHI3_ORIGINAL = 256, 64
 PHI3_ATTN_FACTOR = float(np.sqrt(1 + np.log(PHI3_CONTEXT / PHI3_ORIGINAL) / np.log(PHI3_ORIGINAL)))
 
 
-def phi3_rope(head_dim: int) -> dict:
+def phi3_rope(head_dim: int, partial_rotary: float = 1.0) -> dict:
+    pairs = int(head_dim * partial_rotary) // 2
     return {"rope_type": "longrope", "original_max_position_embeddings": PHI3_ORIGINAL,
-            "short_factor": [1.0 + 0.3 * i for i in range(head_dim // 2)], "long_factor": [4.0] * (head_dim // 2)}
+            "short_factor": [1.0 + 0.3 * i for i in range(pairs)], "long_factor": [4.0] * pairs}
 
 
 def llama3_rope_freqs(head_dim: int, base: float, spec: dict) -> np.ndarray:
@@ -176,8 +177,9 @@ def llama3_rope_freqs(head_dim: int, base: float, spec: dict) -> np.ndarray:
 
 def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=None,
                sliding_window: int = 8, tokenizer: str = "gpt2", head_dim: int = HEAD_DIM,
-               rope_freqs: np.ndarray | None = None, layers: int = LAYERS) -> Path:
-    """Write `weights` (HF names) as a GGUF file the way llama.cpp's converter would."""
+               rope_freqs: np.ndarray | None = None, layers: int = LAYERS, partial_rotary: float = 1.0) -> Path:
+    """Write `weights` (HF names) as a GGUF file the way llama.cpp's converter would
+    (`partial_rotary`: Phi-3's share of each head that RoPE turns)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
@@ -203,8 +205,10 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
         writer.add_sliding_window(sliding_window)
         writer.add_rope_scaling_orig_ctx_len(PHI3_ORIGINAL)
         writer.add_rope_scaling_attn_factors(PHI3_ATTN_FACTOR)
+        writer.add_rope_dimension_count(int(head_dim * partial_rotary))
         for kind in ("short", "long"):
-            writer.add_tensor(f"rope_factors_{kind}.weight", np.array(phi3_rope(head_dim)[f"{kind}_factor"], dtype=np.float32))
+            factors = phi3_rope(head_dim, partial_rotary)[f"{kind}_factor"]
+            writer.add_tensor(f"rope_factors_{kind}.weight", np.array(factors, dtype=np.float32))
     for hf_name, tensor in weights.items():
         array = tensor.numpy()
         if arch in ("llama", "smollm3") and ("q_proj.weight" in hf_name or "k_proj.weight" in hf_name):
@@ -221,9 +225,10 @@ def write_gguf(path: Path, arch: str, weights: dict[str, torch.Tensor], qtype=No
 
 
 def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 8, head_dim: int = HEAD_DIM,
-             rope: dict | None = None, layers: int = LAYERS):
+             rope: dict | None = None, layers: int = LAYERS, partial_rotary: float = 1.0):
     """The transformers model with the same weights (fp32, eager attention); `rope`: RoPE
-    parameters other than the default (e.g. LLAMA3_ROPE)."""
+    parameters other than the default (e.g. LLAMA3_ROPE); `partial_rotary`: Phi-3's
+    partial_rotary_factor."""
     import transformers
 
     vocab = weights["model.embed_tokens.weight"].shape[0]
@@ -248,7 +253,9 @@ def hf_model(arch: str, weights: dict[str, torch.Tensor], sliding_window: int = 
     elif arch == "phi3":
         config = transformers.Phi3Config(**(common | {"max_position_embeddings": PHI3_CONTEXT}), sliding_window=sliding_window,
                                          original_max_position_embeddings=PHI3_ORIGINAL,
-                                         rope_parameters={"rope_theta": 10000.0, **phi3_rope(head_dim)}, pad_token_id=None,
+                                         rope_parameters={"rope_theta": 10000.0, **phi3_rope(head_dim, partial_rotary),
+                                                          "partial_rotary_factor": partial_rotary},
+                                         partial_rotary_factor=partial_rotary, pad_token_id=None,
                                          bos_token_id=1, eos_token_id=0)
         model_cls = transformers.Phi3ForCausalLM
     elif arch == "qwen3":

@@ -210,3 +210,20 @@ def test_llama_cpp_and_fast_mode_agree_on_the_converters_q8_0(converted):
     ours, theirs = _ours_and_llama_cpps(arch, path, "fast")
     assert (ours - theirs).abs().max() < 0.1 * theirs.abs().max()
     assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
+
+
+def test_phi3_with_partial_rotary_embeddings_converted_by_llama_cpp_runs_like_transformers(tmp_path, tokenizer_files):
+    """Phi-4-mini's shape (RoPE over 3/4 of each head, LongRoPE, GQA 4:2), as llama.cpp converts it."""
+    files, vocab = tokenizer_files(TOKENIZERS["phi3"])
+    shutil.copytree(files, tmp_path, dirs_exist_ok=True)
+    reference = hf_model("phi3", random_weights("phi3", vocab=vocab, layers=2), layers=2,
+                         sliding_window=SLIDING_WINDOW, partial_rotary=0.75)
+    reference.save_pretrained(tmp_path)
+    path, = _convert(tmp_path, ["f32"])
+    with open_gguf(path) as source:
+        assert source.metadata["phi3.rope.dimension_count"] == 12
+        tokens = Tokenizer.from_gguf_metadata(source.metadata).encode(TEXT, add_special_tokens=False)
+        ours = _logits(build_model(source, vocab, "exact"), tokens)
+    with torch.inference_mode():
+        expected = reference(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)

@@ -203,6 +203,25 @@ def test_phi3_fused_weights_longrope_and_sliding_window_match_transformers(tmp_p
         torch.testing.assert_close(_forward(model, TOKENS), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_phi3_with_partial_rotary_embeddings_matches_transformers(tmp_path, mode):
+    """Phi-4-mini's shape: RoPE turns 3/4 of each head (12 of 16 dims), LongRoPE, GQA 4:2."""
+    weights = random_weights("phi3")
+    reference = hf_model("phi3", weights, sliding_window=8, partial_rotary=0.75)
+    with torch.inference_mode():
+        expected = reference(TOKENS).logits[0]
+        full = hf_model("phi3", weights, sliding_window=8)(TOKENS).logits[0]
+    assert (expected - full).abs().max() > 1e-2  # the untouched dims matter at these positions
+    for source in _folder_and_gguf(tmp_path, reference, "phi3", weights, sliding_window=8, partial_rotary=0.75):
+        model = build_model(source, VOCAB, mode)
+        assert model.config.rope_dims == 12
+        if mode == "exact":
+            torch.testing.assert_close(_forward(model, TOKENS), expected, atol=1e-4, rtol=1e-4)
+        else:  # the native kernels, one token per step: close to the fp32 reference
+            ours = _forward(model, TOKENS, chunks=range(1, TOKENS.shape[1] + 1))
+            assert (ours - expected).abs().max() < 0.05 * expected.abs().max()
+
+
 def test_phi3_loaded_for_a_long_context_uses_the_long_factors_like_transformers(tmp_path):
     long = torch.randint(2, VOCAB, (1, 80), generator=torch.Generator().manual_seed(2))  # past the original 64
     weights = random_weights("phi3")
@@ -228,3 +247,27 @@ def test_iq4_nl_weights_load_and_run_in_fast_mode(tmp_path):
         unquantized = reference(TOKENS).logits[0]
     assert (fast - exact).abs().max() < 0.02 * exact.abs().max() + 0.02
     assert (exact - unquantized).abs().max() < 0.1 * unquantized.abs().max()  # 4-bit weights, close to the floats
+
+
+@pytest.mark.parametrize("window", [5, 24, 40])
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_gemma2_runs_any_sliding_window_on_every_path_like_transformers(tmp_path, mode, window):
+    """Windows shorter than a KV block (32) as well as longer ones: one pass, a prompt prefilled in
+    pieces through the prefix cache, and the same prompt again resuming from the cached blocks."""
+    import edgellm
+
+    weights = random_weights("gemma2")
+    ids = torch.randint(4, VOCAB, (80,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.inference_mode():
+        reference = torch.log_softmax(hf_model("gemma2", weights, sliding_window=window)(torch.tensor([ids])).logits[0], -1)
+    expected = float(sum(reference[69 + i, ids[70 + i]] for i in range(5)))
+    tolerance = 1e-3 if mode == "exact" else 0.05 * abs(expected)
+    path = write_gguf(tmp_path / "gemma2.gguf", "gemma2", weights, sliding_window=window, tokenizer="llama")
+    with edgellm.load(path, mode=mode) as model:
+        one_pass = torch.log_softmax(model.logits(ids), -1)
+        assert (one_pass - reference).abs().max() < (1e-4 if mode == "exact" else 0.05 * reference.abs().max())
+        cold = model.continuation_logprobs(ids[:70], [ids[70:75]])[0]
+        hits = model.kv.prefix.stats.hit_tokens
+        warm = model.continuation_logprobs(ids[:70], [ids[70:75]])[0]
+        assert model.kv.prefix.stats.hit_tokens - hits == 64  # two cached blocks of 32
+    assert abs(cold - expected) < tolerance and abs(warm - expected) < tolerance

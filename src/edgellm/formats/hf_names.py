@@ -151,9 +151,11 @@ def metadata_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def _phi3_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     """Phi-3's sliding window and LongRoPE as llama.cpp's converter records them (the factors,
     tensors in a GGUF, as a list here)."""
-    if config.get("partial_rotary_factor", 1.0) != 1.0:
-        raise UnsupportedModel("Phi models with partial rotary embeddings (e.g. Phi-4-mini) are not supported yet")
     meta: dict[str, Any] = {"phi3.attention.sliding_window": config.get("sliding_window") or 0}
+    factor = float(config.get("partial_rotary_factor", 1.0))
+    if factor != 1.0:  # Phi-4-mini rotates 3/4 of each head
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        meta["phi3.rope.dimension_count"] = int(head_dim * factor)
     spec = _rope_spec(config)
     if spec.get("rope_type", spec.get("type")) in ("longrope", "su"):
         original = int(spec.get("original_max_position_embeddings", config.get("original_max_position_embeddings")))

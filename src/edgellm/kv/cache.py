@@ -48,7 +48,7 @@ class KVCache(Protocol):
     def nbytes(self) -> int: ...
 
     # Blocks shared through the prefix cache (kv/sequence.py):
-    def block(self, b: int) -> object: ...  # block b's KV for the cache (a dense cache's page itself)
+    def block(self, b: int) -> object | None: ...  # block b's KV for the cache (a dense cache's page itself); None: gone
     def adopt(self, b: int, block: object) -> None: ...  # take a cached block as block b
     def unshare(self, b: int) -> None: ...  # before writing block b while others hold it
 
@@ -360,11 +360,19 @@ class RingCache:
 
     # -- the prefix cache: a ring's blocks are copies -------------------------------------
 
-    def block(self, b: int) -> dict[str, np.ndarray]:
-        return self.export(b * self.block_size, (b + 1) * self.block_size)
+    def block(self, b: int) -> dict[str, np.ndarray] | None:
+        """Block b's KV as far as a sequence resuming at its end needs it: its last `window`
+        positions (all of it unless the window is shorter than a block); None where the ring no
+        longer holds them all (a piece ran past the block's end by more than the window allows)."""
+        end = (b + 1) * self.block_size
+        try:
+            return self.export(max(b * self.block_size, end - self.window), end)
+        except ValueError:
+            return None
 
     def adopt(self, b: int, block: dict[str, np.ndarray]) -> None:
-        self.import_(b * self.block_size, block)
+        n = next(iter(block.values())).shape[2]  # the block's last n positions (see block())
+        self.import_((b + 1) * self.block_size - n, block)
 
     def unshare(self, b: int) -> None:
         """Nothing to do: a ring shares no slots."""

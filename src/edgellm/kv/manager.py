@@ -177,6 +177,8 @@ class KVManager:
         first = start // self.config.block_size
         for b, h in enumerate(seq.block_hashes(first), start=first):
             payload = [layer.block(b) for layer in seq.layers]
+            if any(part is None for part in payload):  # a ring lost it: later blocks would be unreachable
+                return
             self.prefix.insert(h, payload, self.block_bytes, block=seq.blocks[self.fixed_blocks + b])
 
     def remember(self, h: str, exported: list[dict[str, np.ndarray]]) -> bool:

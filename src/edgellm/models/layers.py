@@ -61,17 +61,23 @@ def weights_of(norms) -> list[np.ndarray | None]:
 
 class Rotary:
     """Rotary position embedding in the "rotate half" layout: dimension i pairs with i + d/2.
+    A partial rotation (`rotated_dims` < d) turns the first rotated_dims/2 pairs of that layout;
+    the weights' rows are reordered to match it (partial_rotary_rows).
 
     θ_i = base^(-2i/d), optionally divided by per-frequency factors (Llama 3.1 stores them
     in the file as `rope_freqs`, Phi-3's LongRoPE as `rope_factors_short`), and cos, sin scaled
     by `magnitude` (LongRoPE's attention factor). Computed in numpy (`tables`); calling it gives
     the same as tensors, for the PyTorch layers."""
 
-    def __init__(self, head_dim: int, base: float, freq_factors: np.ndarray | None = None, magnitude: float = 1.0):
-        inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    def __init__(self, head_dim: int, base: float, freq_factors: np.ndarray | None = None, magnitude: float = 1.0,
+                 rotated_dims: int | None = None):
+        rotated = rotated_dims or head_dim
+        inv_freq = 1.0 / base ** (np.arange(0, rotated, 2, dtype=np.float64) / rotated)
         if freq_factors is not None:
             inv_freq = inv_freq / np.asarray(as_array(freq_factors), dtype=np.float64)
-        self.inv_freq = inv_freq.astype(np.float32)
+        # a partial rotation's other dims (placed after its pairs by partial_rotary_rows) turn by 0
+        self.inv_freq = np.concatenate([inv_freq, np.zeros((head_dim - rotated) // 2)]).astype(np.float32)
+        self.rotated_pairs = rotated // 2
         self.magnitude = magnitude
 
     def rotate(self, x: torch.Tensor, delta: int) -> torch.Tensor:
@@ -88,7 +94,10 @@ class Rotary:
         cos, sin = self._angles(positions)
         if self.magnitude == 1.0:
             return cos, sin
-        return cos * np.float32(self.magnitude), sin * np.float32(self.magnitude)
+        cos, sin = cos * np.float32(self.magnitude), sin * np.float32(self.magnitude)
+        half, r = self.inv_freq.shape[0], self.rotated_pairs
+        cos[..., r:half] = cos[..., half + r:] = 1.0  # dims left unrotated are not scaled either
+        return cos, sin
 
     def _angles(self, positions) -> tuple[np.ndarray, np.ndarray]:
         # cos and sin in float64, rounded to float32: float32 ones differ from the rounded exact ones
@@ -97,6 +106,18 @@ class Rotary:
         angles = (np.asarray(as_array(positions), dtype=np.float32)[..., None] * self.inv_freq).astype(np.float64)
         angles = np.concatenate((angles, angles), axis=-1)[..., None, :]  # (..., T, 1, D)
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def partial_rotary_rows(n_heads: int, head_dim: int, rotated_dims: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """Row order of a q or k weight (n_heads · head_dim rows) that moves each head's partially
+    rotated dims into the full rotate-half layout: a file pairs dim i with i + r/2 within its first
+    r dims and leaves the rest; after this order, pair i sits at i and i + d/2 (i < r/2) and the
+    unrotated dims fill the places between. `rows`: an order to apply this one on top of."""
+    half, pairs = head_dim // 2, rotated_dims // 2
+    kept = np.arange(rotated_dims, head_dim)
+    head = np.concatenate([np.arange(pairs), kept[:half - pairs], np.arange(pairs, rotated_dims), kept[half - pairs:]])
+    order = (np.arange(n_heads)[:, None] * head_dim + head).reshape(-1).astype(np.int64)
+    return order if rows is None else rows[order]
 
 
 def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float, high_freq_factor: float,

@@ -7,7 +7,8 @@ with rotary positions and a SwiGLU MLP.
 Qwen2 adds a bias to q, k, v; Qwen3 normalizes each head of q and k (RMSNorm over head_dim)
 before RoPE (both variations come from the weights present); SmolLM3 leaves RoPE out of every
 fourth layer (NoPE: `rope_layers`); Phi-3 stores q|k|v and gate|up fused, scales RoPE with
-LongRoPE factors and may slide a window over every layer.
+LongRoPE factors, may slide a window over every layer and may rotate only part of each head
+(Phi-4-mini: `rope_dims`).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from edgellm.formats.hf_names import PERMUTED_QK, unpermute_rows
 from edgellm.kv.config import LayerSpec
 from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, as_tensors, attention, head_norms, llama3_rope_factors,
-                                   norm_rope, weights_of)
+                                   norm_rope, partial_rotary_rows, weights_of)
 from edgellm.models.weights import Weights
 from edgellm.module import Module
 
@@ -51,6 +52,7 @@ class LlamaConfig:
     longrope: tuple[int, float, str] | None = None
     longrope_factors: tuple[float, ...] | None = None
     sliding_window: int | None = None  # every layer sees only this many positions (Phi-3 mini)
+    rope_dims: int | None = None  # RoPE rotates only the first rope_dims of each head (Phi-4-mini: 3/4)
 
     def is_sliding(self, i: int) -> bool:
         return self.sliding_window is not None
@@ -78,6 +80,8 @@ class LlamaConfig:
             llama3_rope=_llama3_rope(get),
             rope_layers=_rope_layers(arch, get, int(get("block_count"))),
         )
+        rope_dims = int(get("rope.dimension_count", fields["head_dim"]))
+        fields["rope_dims"] = rope_dims if rope_dims != fields["head_dim"] else None
         return cls(**(fields | _phi3(arch, get, context_length)))
 
 
@@ -116,16 +120,32 @@ def _llama3_rope(get) -> tuple[float, float, float, int] | None:
             float(get("rope.scaling.high_freq_factor", 4.0)), int(get("rope.scaling.original_context_length")))
 
 
+def _qk_rows(cfg: LlamaConfig, names: list[str], permuted: bool) -> dict[str, np.ndarray]:
+    """The row orders q and k are read in: llama.cpp's interleaved pairs back to rotate-half, and
+    a partial rotation's dims moved so that its pairs sit D/2 apart like a full one's (the same
+    order for q and k leaves every q·k as it was)."""
+    q_rows = k_rows = None
+    if permuted:
+        q_rows, k_rows = unpermute_rows(cfg.n_heads, cfg.head_dim), unpermute_rows(cfg.n_kv_heads, cfg.head_dim)
+    if cfg.rope_dims is not None:
+        q_rows = partial_rotary_rows(cfg.n_heads, cfg.head_dim, cfg.rope_dims, q_rows)
+        k_rows = partial_rotary_rows(cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, k_rows)
+    if q_rows is None:
+        return {}
+    if len(names) == 1:  # q|k|v fused in the file: v keeps its rows
+        q, k = len(q_rows), len(k_rows)
+        v = np.arange(q + k, q + 2 * k, dtype=np.int64)
+        return {names[0]: np.concatenate([q_rows, q + k_rows, v])}
+    return {names[0]: q_rows, names[1]: k_rows}
+
+
 class Attention(Module):
     def __init__(self, cfg: LlamaConfig, w: Weights, prefix: str, permuted: bool):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         names = [f"{prefix}.attn_q.weight", f"{prefix}.attn_k.weight", f"{prefix}.attn_v.weight"]
         if w.has(f"{prefix}.attn_qkv.weight"):  # Phi-3: fused in the file
             names = [f"{prefix}.attn_qkv.weight"]
-        rows = {}
-        if permuted:
-            rows = {names[0]: unpermute_rows(cfg.n_heads, cfg.head_dim),
-                    names[1]: unpermute_rows(cfg.n_kv_heads, cfg.head_dim)}
+        rows = _qk_rows(cfg, names, permuted)
         self.qkv_proj = w.linear(*names, rows=rows)  # fused q, k, v
         self.qkv_bias = w.bias(*(n.replace(".weight", ".bias") for n in names))  # Qwen2 has one
         self.o_proj = w.linear(f"{prefix}.attn_output.weight")
@@ -186,7 +206,7 @@ class Llama(Module):
         self.blocks = list(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))
         self.norm = RMSNorm(w.vector("output_norm.weight"), cfg.rms_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_base, self._rope_factors(cfg, w),
-                             cfg.longrope[1] if cfg.longrope else 1.0)
+                             cfg.longrope[1] if cfg.longrope else 1.0, rotated_dims=cfg.rope_dims)
         self.mode = w.mode  # precision: "fast" or "exact" (the fp32 reference)
         self.decoder = FusedDecoder.build(self, w.mode)  # None: the PyTorch layers decode
 
