@@ -193,6 +193,21 @@ def test_the_native_i4r64_repack_writes_the_bytes_of_the_torch_packing(lib, fmt)
     assert np.array_equal(ours.scale_zero, reference.scale_zero)
 
 
+@pytest.mark.parametrize("fmt", REPACK_FORMATS)
+def test_affine_row_lookups_match_the_reference_decoder(lib, fmt):
+    """An embedding table's rows (an untied model's Q4_K_M keeps its table in Q4_K), read in C."""
+    from edgellm.kernels.gemv import affine_rows
+
+    rows, w = _blocks(fmt, 40, 512, seed=11)
+    ids = [3, 0, 39, 3]
+    ours = affine_rows(rows.numpy(), GGMLType[fmt], 512, ids, lib=lib)
+    np.testing.assert_allclose(ours, w[ids].numpy(), rtol=1e-6, atol=1e-6 * float(w.abs().max()))
+    with pytest.raises(IndexError):
+        affine_rows(rows.numpy(), GGMLType[fmt], 512, [40], lib=lib)
+    with pytest.raises(ValueError, match="no row lookup"):
+        affine_rows(_blocks("Q6_K", 4, 256, seed=1)[0].numpy(), GGMLType.Q6_K, 256, [0], lib=lib)
+
+
 def test_the_repack_refuses_types_and_shapes_it_does_not_take(lib):
     packed, scale_zero = torch.empty(64, 128, dtype=torch.uint8), torch.empty(8, 64, 2, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="no I4R64 repack"):

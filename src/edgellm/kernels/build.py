@@ -54,6 +54,7 @@ _SIGNATURES = {
     "edgellm_q8_0_to_q8r16": (None, [_p, _i64, _i64, _p, _i]),
     "edgellm_q8r16_rows": (None, [_p, _i64, _p, _i64, _p]),
     "edgellm_i4r64_from_blocks": (_i, [_p, _i, _i64, _i64, _i, _p, _p, _i64, _i64, _i]),
+    "edgellm_affine_rows_to_float": (_i, [_p, _i, _i64, _p, _i64, _p]),
     "edgellm_gguf_string_ends": (_i64, [_p, _i64, _i64, _i64, _p]),
     "edgellm_first_bad_utf8": (_i64, [_p, _p, _p, _i64]),
     "edgellm_int4_unpack": (None, [_p, _p, _i64, _i64, _i64, _i, _i64, _i64, _p, _i, _i]),

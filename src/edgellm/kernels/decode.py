@@ -31,7 +31,7 @@ from edgellm import kernels, threads
 from edgellm.extras import has_torch, torch, torch_loaded
 from edgellm.kernels.buffers import address, aligned_bytes
 from edgellm.kernels.decode_caches import CacheViews
-from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16
+from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16, REPACK_BLOCKS, affine_rows
 from edgellm.kernels.isa import cpu_features
 from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
 from edgellm.quant.blocks import BlockLinear
@@ -233,7 +233,8 @@ class FusedDecoder:
 
     def _embed(self, tokens: list[int]) -> np.ndarray:
         """The rows' embeddings (m, hidden) fp32, scaled: GGUF rows dequantized in C, straight from
-        the table (the eager dequantization took ~0.1 ms a step), a Q8R16 table's by one call."""
+        the table (the eager dequantization took ~0.1 ms a step), a Q8R16 or affine-type (Q4_0, Q4_1,
+        Q5_1, Q4_K) table's by one call each."""
         table = self.net.embed
         if isinstance(table, BlockEmbedding) and table.ggml_type in BLOCK_TYPES and table.ggml_type not in (I8, Q8R16) \
                 and all(0 <= t < table.num_embeddings for t in tokens):  # else the table's own IndexError
@@ -247,6 +248,9 @@ class FusedDecoder:
             x = np.empty((len(tokens), table.dim), dtype=np.float32)
             self.lib.edgellm_q8r16_rows(table.rows.ctypes.data, table.dim, (_i64 * len(tokens))(*tokens), len(tokens),
                                         x.ctypes.data)
+        elif isinstance(table, BlockEmbedding) and table.ggml_type in REPACK_BLOCKS \
+                and all(0 <= t < table.num_embeddings for t in tokens):  # Q4_K: an untied model's Q4_K_M table
+            x = affine_rows(table.rows, table.ggml_type, table.dim, tokens, self.lib)
         else:
             x = np.ascontiguousarray(table(torch.tensor([tokens])).reshape(len(tokens), -1).float().numpy())
         return x if self.net.embed_scale == 1.0 else x * np.float32(self.net.embed_scale)

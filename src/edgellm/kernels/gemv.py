@@ -5,6 +5,7 @@ default."""
 from __future__ import annotations
 
 import ctypes
+from typing import Sequence
 
 import numpy as np
 
@@ -113,6 +114,23 @@ def i4r64_from_blocks(blocks, ggml_type: int, n: int, k: int, packed, scale_zero
     if lib.edgellm_i4r64_from_blocks(blocks.ctypes.data, ggml_type, n, k, planes, packed.ctypes.data,
                                      scale_zero.ctypes.data, packed.shape[0], row0, threads.current()) != 0:
         raise ValueError(f"no I4R64 repack of GGML type {ggml_type} rows ({n}, {k}) into {packed.shape[0]} rows")
+
+
+def affine_rows(rows: np.ndarray, ggml_type: int, k: int, ids: Sequence[int], lib: ctypes.CDLL | None = None) -> np.ndarray:
+    """(len(ids), k) fp32: rows `ids` of a table of GGUF blocks of an affine type (Q4_0, Q4_1, Q4_K,
+    Q5_0, Q5_1, Q8_0; `rows` (V, bytes a row) uint8), dequantized as ggml does (embedding lookups)."""
+    lib = lib or library()
+    rows = as_array(rows)
+    elements, block_bytes = REPACK_BLOCKS.get(ggml_type, (1, 0))
+    if not block_bytes or rows.dtype != np.uint8 or rows.ndim != 2 or k % elements or rows.shape[1] != k // elements * block_bytes:
+        raise ValueError(f"no row lookup of {tuple(rows.shape)} {rows.dtype} as GGML type {ggml_type} rows of {k}")
+    if any(not 0 <= i < rows.shape[0] for i in ids):
+        raise IndexError(f"row ids must lie in [0, {rows.shape[0]})")
+    out = np.empty((len(ids), k), dtype=np.float32)
+    if ids:
+        lib.edgellm_affine_rows_to_float(rows.ctypes.data, ggml_type, k, (ctypes.c_int64 * len(ids))(*ids), len(ids),
+                                         out.ctypes.data)
+    return out
 
 
 def q8r16_rows(packed: torch.Tensor, k: int, ids: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:

@@ -129,22 +129,43 @@ static void repack_runs(void *p, int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; u++) repack_run(p, u * I4_ROWS);
 }
 
+static int64_t affine_block_bytes(int type) { /* per 32 weights; 0: not an affine type */
+    switch (type) {
+        case T_Q4_0: return 18;
+        case T_Q4_1: return 20;
+        case T_Q5_0: return 22;
+        case T_Q5_1: return 24;
+        case T_Q8_0: return 34;
+        case T_Q4_K: return 144 / 8;
+        default: return 0;
+    }
+}
+
+/* out (n, k) fp32 = rows idx[0..n) of a tensor of GGUF blocks of an affine `type` (k weights a row):
+   an embedding table's lookups, each weight q * scale + zero as in ggml's own dequantization
+   (Q4_K's d·sc·q - dmin·m to the bit). Returns 0, or -1 for a type or row length it does not take. */
+__attribute__((optimize("fp-contract=off")))
+int edgellm_affine_rows_to_float(const uint8_t *blocks, int type, int64_t k, const int64_t *idx, int64_t n, float *out) {
+    int64_t block_bytes = affine_block_bytes(type), row_bytes = k / 32 * block_bytes;
+    if (!block_bytes || k <= 0 || k % (type == T_Q4_K ? 256 : 32)) return -1;
+    uint8_t q[32];
+    float scale, zero;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t g = 0; g < k / 32; g++) {
+            affine_group(blocks + idx[i] * row_bytes, type, g, q, &scale, &zero);
+            for (int j = 0; j < 32; j++) out[i * k + g * 32 + j] = (float)q[j] * scale + zero;
+        }
+    return 0;
+}
+
 /* Rows row0 .. row0 + n of an I4R64 weight of n_total rows (`planes` of k weights each) from n rows of
    GGUF blocks of `type` (k weights a row); returns 0, or -1 for a type or shape it does not take.
    On edgellm's pool (as q8r16.c's repack, not an OpenMP team), in runs of 64 global rows: a byte holds
    rows i and 32 + i of a run, so two calls for parts that share a run must not run at once. */
 int edgellm_i4r64_from_blocks(const uint8_t *blocks, int type, int64_t n, int64_t k, int planes, uint8_t *packed,
                               uint16_t *scale_zero, int64_t n_total, int64_t row0, int threads) {
-    int64_t block_bytes;
-    switch (type) {
-        case T_Q4_0: block_bytes = 18; break;
-        case T_Q4_1: block_bytes = 20; break;
-        case T_Q5_0: block_bytes = 22; break;
-        case T_Q5_1: block_bytes = 24; break;
-        case T_Q8_0: block_bytes = 34; break;
-        case T_Q4_K: block_bytes = 144 / 8; break; /* per 32 weights */
-        default: return -1;
-    }
+    int64_t block_bytes = affine_block_bytes(type);
+    if (!block_bytes) return -1;
     int wide = type == T_Q5_0 || type == T_Q5_1 || type == T_Q8_0; /* more than 4 bits: two planes */
     if (k <= 0 || k % (type == T_Q4_K ? 256 : 32) || n_total % I4_ROWS || row0 < 0 || n < 0 || row0 + n > n_total ||
         planes < 1 + wide || planes > 2)
