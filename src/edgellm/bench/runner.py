@@ -37,7 +37,8 @@ def llama_cpp_available() -> bool:
 
 def spawn_worker(cfg: dict, threads: int) -> dict:
     """Run bench/worker.py for one engine and config; its raw timings, with the cold start."""
-    # OMP_NUM_THREADS must be in the environment before torch is imported (see docs/performance.md).
+    # OMP_NUM_THREADS must be in the environment before torch is imported: torch sizes its
+    # OpenMP team once, at import, and a team wider than the cores given slows every GEMM.
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     spawned = time.time()
     proc = subprocess.run([sys.executable, "-m", "edgellm.bench.worker", json.dumps(cfg)],

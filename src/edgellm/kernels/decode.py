@@ -69,7 +69,7 @@ class NativeModel(Protocol):
 def native_prompt_tokens(variant: kernels.Variant, single_plane_int4: bool) -> int:
     """The longest prompt (or what a cached prefix leaves of it) that goes in as pieces of MAX_SEQS
     rows of the native step rather than through the prompt path: as far as the pieces were measured
-    faster (docs/performance.md stops 42-43, SmolLM2 and Gemma 3 on a Zen 5, each variant).
+    faster (SmolLM2 and Gemma 3 on an AMD EPYC Zen 5, December 2026, each variant).
 
     On AVX-512 the prompt path's fixed cost (unpacking weights for bf16 GEMMs, packing them for the
     int8 ones where bf16 is not native) costs a short prompt as much as ~40 tokens of pieces: they win

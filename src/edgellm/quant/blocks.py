@@ -32,7 +32,7 @@ def widens_q5_0() -> bool:
     """Whether Q5_0 weights are held as Q8_0 blocks (kernels.q5_0_as_q8_0: the same values, 34 bytes a block
     instead of 22). On the AVX2 kernels unpacking the fifth bits costs more than reading the wider
     blocks: a Q5_0 GEMV streams ~7.5 GB/s where Q8_0 streams ~20 (Zen 3, 2 threads), and Gemma 3
-    decodes 3-8 % faster for 22 MB more (docs/performance.md). On AVX-512 one sequence decodes as
+    decodes 3-8 % faster for 22 MB more (AMD EPYC Zen 3, December 2026). On AVX-512 one sequence decodes as
     fast either way, but widened they become Q8R16, whose batch rows cost one vpdpwssd per 16 rows:
     Gemma 3 with 4 streams 142 -> 163-166 tok/s (one stream 59-62 both). NEON is not measured."""
     return kernels.available() and kernels.selected().name in ("avx2", "avx512")

@@ -41,7 +41,7 @@ WeightPart = tuple[np.ndarray, int, tuple[int, int]]
 _PACK_ROWS = 4096
 # From this many activation rows on (counting each plane's pass), unpacking the weight to the
 # compute dtype and running PyTorch's GEMM beats the GEMV kernel in chunks of kernels.MAX_ROWS
-# (measured: docs/performance.md, step 10).
+# (SmolLM2 on an AMD EPYC Zen 4, November 2026: 1.4x per linear at 64 rows, 2.5-5x at 512).
 UNPACK_ROWS = 32
 
 

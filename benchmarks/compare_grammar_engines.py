@@ -2,7 +2,7 @@
 real vocabulary, walking the tokens of one valid output of a JSON schema.
 
     pip install --no-deps -t /tmp/engines llguidance outlines-core xgrammar apache-tvm-ffi
-    PYTHONPATH=/tmp/engines python docs/compare_grammar_engines.py smollm2-135m llguidance,outlines,xgrammar
+    PYTHONPATH=/tmp/engines python benchmarks/compare_grammar_engines.py smollm2-135m llguidance,outlines,xgrammar
 """
 import json, sys, time, statistics as st
 import numpy as np
