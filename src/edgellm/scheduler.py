@@ -9,6 +9,7 @@ from enum import Enum
 from typing import Any, Callable, Sequence
 
 from edgellm.errors import ContextOverflow, InvalidRequest, OutOfMemoryBudget
+from edgellm.kernels.limits import MAX_SEQS
 
 FALLBACKS = ("shorter_context", "int4_kv", "smaller_model")
 
@@ -167,7 +168,7 @@ class StepBudget:
     # Each newcomer gets this share while rows are free, oldest first: a burst of 4 requests with
     # 9-token prompts joined the batch in 6 steps, where one newcomer at a time took 10.
     interleaved_prompt: int = 3
-    step_rows: int = 8  # kernels.decode.MAX_SEQS
+    step_rows: int = MAX_SEQS  # rows one native call takes
     # Where the engine cannot join them (no native decoder, another model or KV precision), a
     # chunk runs through the prompt path on its own, whose cost hardly depends on its size.
     separate_chunk: int = 64

@@ -25,8 +25,9 @@ from edgellm.extras import inference
 from edgellm.generate.drafters import Drafter
 from edgellm.generate.events import GenerationEvent
 from edgellm.generate.sampling import as_logits
+from edgellm.kernels.limits import MAX_SEQS
 
-MAX_DRAFT = 7  # + the token before them: kernels/decode.py's MAX_SEQS rows in one native call
+MAX_DRAFT = MAX_SEQS - 1  # + the token before them: the rows of one native call
 JUDGE_AFTER = 3  # checked passes before speculation may be paused
 
 

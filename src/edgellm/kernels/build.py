@@ -43,7 +43,8 @@ PREBUILT_KINDS = ("openmp", "pool")
 WHEEL_MACHINES = ("x86_64", "aarch64")  # those tools/wheels.py makes platform wheels for
 
 _p, _i, _i64, _f32, _f64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_double
-# exported function -> (return type, argument types); layer functions are typed in decode.py
+# exported function -> (return type, argument types), checked against the C definitions by
+# tests/kernels/test_signatures.py; the layer functions are called through edgellm_decoder_layers
 _SIGNATURES = {
     "edgellm_int4_gemv": (None, [_p, _i, _i64, _p, _p, _i64, _i64, _i64, _p, _i64, _p, _i]),
     "edgellm_int4_gemv_work": (_i64, [_i, _i64, _i64]),
@@ -70,6 +71,7 @@ _SIGNATURES = {
     "edgellm_decode_attention": (_i64, [_p, _p, _i, _i64, _i64, _i64, _f32, _f32, _p, _p, _p, _p, _i]),
     "edgellm_decode_attention_floats": (_i64, [_i64, _i64, _i64, _i64, _i, _i]),
     "edgellm_decode_attention_max_group_floats": (_i64, []),
+    "edgellm_decoder_layers": (None, [_p, _p, _i, _p, _i, _p, _p, _p, _p, _p, _p, _i, _p]),
     "edgellm_layer_floats": (_i64, [_p, _i]),
     "edgellm_layer_work_bytes": (_i64, [_p, _i]),
     "edgellm_max_prompt_rows": (_i, []),

@@ -34,6 +34,7 @@ from edgellm.kernels.decode_caches import CacheViews
 from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16, REPACK_BLOCKS, affine_rows
 from edgellm.kernels.isa import cpu_features
 from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
+from edgellm.kernels.limits import MAX_SEQS
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.embedding import BlockEmbedding
 from edgellm.quant.linear import UNPACK_ROWS, Int4Linear
@@ -42,7 +43,6 @@ log = logging.getLogger("edgellm.kernels")
 
 _p, _i64 = ctypes.c_void_p, ctypes.c_int64
 
-MAX_SEQS = 8  # layer_ops.h
 _FP32 = 0  # simd.h's dtype code for float
 
 
@@ -99,7 +99,6 @@ class FusedDecoder:
         # the architecture's layer function, which edgellm_decoder_layers calls for every layer
         self.run_layer = _p(ctypes.cast(getattr(self.lib, net.native_layer), _p).value)
         self.run_layers = self.lib.edgellm_decoder_layers
-        self.run_layers.restype = None
         self._layer_addresses = (_p * len(self.layers))(*(ctypes.addressof(desc) for desc in self.layers))
         # rows one call takes: a prompt's piece up to this many (its projections GEMMs: layer_ops.h prompt_gemm)
         self.max_rows = self.lib.edgellm_max_prompt_rows()

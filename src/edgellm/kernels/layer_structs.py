@@ -13,6 +13,7 @@ from edgellm.extras import torch
 from edgellm.kernels.buffers import address
 from edgellm.kernels.gemv import Q8R16
 from edgellm.kernels.int8_prompt import STRIP, int8_takes_i4r64
+from edgellm.kernels.limits import MAX_LORA_RANK, MAX_PARTS
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import DenseLinear, Int4Linear
@@ -21,7 +22,6 @@ from edgellm.quant.packed import ConcatLinear
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 WEIGHT_INT4, WEIGHT_BF16, WEIGHT_F32 = -1, -2, -3  # else a ggml block type read in place (layer_types.h)
-MAX_PARTS = 3
 
 
 class WeightPart(ctypes.Structure):
@@ -50,7 +50,6 @@ class LoraPair(ctypes.Structure):
 
 
 LORA_PARTS = ("q", "k", "v", "o", "gate", "up", "down")  # layer_types.h's LORA_Q ... LORA_DOWN
-MAX_LORA_RANK = 256
 
 
 class LoraLayer(ctypes.Structure):

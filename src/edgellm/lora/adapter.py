@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from edgellm.errors import AdapterMismatch, ModelFormatError
+from edgellm.kernels.limits import MAX_LORA_RANK
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # the order of the native LoraLayer's parts
-MAX_RANK = 256  # kernels/layer_types.h MAX_LORA_RANK
+MAX_RANK = MAX_LORA_RANK  # what the native layers apply
 _PEFT_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
                "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 _GGUF_NAMES = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o",

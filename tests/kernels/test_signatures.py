@@ -1,0 +1,61 @@
+"""The ctypes signatures Python calls the kernels with, checked against the C definitions: an
+argument added, dropped or retyped on one side only would pass garbage without a word."""
+from __future__ import annotations
+
+import ctypes
+import re
+from importlib import resources
+
+import pytest
+
+from edgellm.kernels.build import _SIGNATURES, SOURCES
+
+# an exported definition: `type name(params) {` at the start of a line (static helpers are not exported)
+DEFINITION = re.compile(r"^(?!static)([A-Za-z_][\w \*]*?)\b(edgellm_\w+)\s*\(([^)]*)\)\s*\{", re.M)
+SCALARS = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float, "double": ctypes.c_double}
+
+
+def _ctype(declaration: str):
+    """The ctypes type a C parameter or return type passes as (every pointer as c_void_p)."""
+    declaration = re.sub(r"\bconst\b|\brestrict\b", " ", declaration).strip()
+    if "*" in declaration:
+        return ctypes.c_void_p
+    words = declaration.split()
+    if words[:1] == ["void"]:
+        return None
+    if words and words[0] == "LayerFn":  # a function pointer typedef
+        return ctypes.c_void_p
+    return SCALARS[words[0]]
+
+
+def c_definitions() -> dict[str, tuple]:
+    """edgellm_* function -> (return ctype, [parameter ctypes]) from every C source the library builds."""
+    found = {}
+    for name in SOURCES:
+        if not name.endswith(".c"):
+            continue
+        text = resources.files("edgellm.kernels").joinpath(name).read_text()
+        text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+        for returns, function, params in DEFINITION.findall(text):
+            params = [p for p in (s.strip() for s in params.split(",")) if p and p != "void"]
+            found[function] = (_ctype(returns.replace("ALWAYS_INLINE", "")), [_ctype(p.rsplit(None, 1)[0] if "*" not in p
+                                                                                     else p[:p.rindex("*") + 1]) for p in params])
+    return found
+
+
+@pytest.fixture(scope="module")
+def definitions():
+    return c_definitions()
+
+
+@pytest.mark.parametrize("function", sorted(_SIGNATURES))
+def test_each_python_signature_matches_its_c_definition(definitions, function):
+    assert function in definitions, f"{function} is typed in build.py but defined in no C source"
+    assert _SIGNATURES[function] == definitions[function]
+
+
+def test_the_parser_reads_a_known_definition(definitions):
+    """A guard on the test itself: a definition spread over lines, with pointers and scalars."""
+    assert definitions["edgellm_affine_rows_to_float"] == (
+        ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
+    assert len(definitions) >= len(_SIGNATURES)
