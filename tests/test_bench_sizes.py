@@ -14,9 +14,9 @@ import edgellm
 from edgellm.bench.shapes import SHAPES, Shape, parameter_count, tensor_shapes, write_random_q8_0
 from edgellm.bench.sizes import decode_bytes, read_bandwidth
 from edgellm.formats.gguf import open_gguf
-from edgellm.kernels.decode import FusedDecoder
+from edgellm.models.native.decoder import FusedDecoder
 from edgellm import kernels
-from edgellm.kernels.layer_structs import linears, projection, weight_parts
+from edgellm.models.native.structs import linears, projection, weight_parts
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.ggml import GGMLType
 from edgellm.quant.linear import Int4Linear

@@ -97,13 +97,14 @@ def test_quantize_from_a_gguf(smollm2_path, tmp_path):
 
 
 def test_a_sentencepiece_gguf_keeps_its_compact_tokenizer(tmp_path):
+    from edgellm.tokenizer.load import load_tokenizer
     from edgellm.tokenizer.sentencepiece import SentencePieceBPE
     from tests.tiny import VOCAB, random_weights, write_gguf
 
     gguf = write_gguf(tmp_path / "tiny.gguf", "gemma3", random_weights("gemma3"), tokenizer="llama")
     result = quantize_model(gguf, tmp_path / "tiny.edgellm", "int8")
     with QuantizedFile(result.path) as quantized, edgellm.load(gguf, mode="exact") as source:
-        ours = quantized.load_tokenizer()
+        ours = load_tokenizer(quantized)
         assert isinstance(ours._backend, SentencePieceBPE) and ours.vocab_size == VOCAB
         for text in ["abc ab ba", "<start_of_turn>user\nhé zz<end_of_turn>", " ", "ünknown"]:
             assert ours.encode(text) == source.tokenizer.encode(text), text

@@ -16,11 +16,12 @@ import torch
 
 from edgellm.chat_template import ChatTemplate
 from edgellm.errors import InvalidRequest, UnsupportedModel
-from edgellm.formats import load_tokenizer, open_model
+from edgellm.formats import open_model
 from edgellm.formats.hf_names import NORMS_PLUS_ONE, PERMUTED_QK, config_from_metadata, hf_name, unpermute_rows
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.schemes import FLOAT_SCHEMES
 from edgellm.registry import resolve
+from edgellm.tokenizer.load import load_tokenizer
 
 Progress = Callable[[str, int, int], None]  # (tensor name, index, total)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
 
 from edgellm.extras import inference
 
-from edgellm.generate.generator import decode_step, decode_with_prompt_chunks
-from edgellm.kernels.decode import MAX_SEQS
+from edgellm.generate.generator import decode_with_prompt_chunks
+from edgellm.generate.passes import decode_step
+from edgellm.models.native.decoder import MAX_SEQS
 from edgellm.scheduler import RequestState, RunningRequest, Step
 
 

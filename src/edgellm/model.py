@@ -14,15 +14,16 @@ from edgellm.chat_template import ChatTemplate
 from edgellm.chat_messages import validate_tools
 from edgellm.constrain import Constraint, GrammarState, json_schema
 from edgellm.constrain.tools import tool_request
-from edgellm.formats import load_tokenizer
+from edgellm.tokenizer.load import load_tokenizer
 from edgellm.formats.gguf import GGUFFile
 from edgellm.formats.pack import pack_cache_for
 from edgellm.memory import return_freed_heap
 from edgellm.errors import DraftMismatch, InvalidRequest
 from edgellm.generate import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generate.drafters import Drafter, DraftModel, GrammarForced, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
-from edgellm.generate.generator import Generation, prefill, prefill_chunk
-from edgellm.generate.speculative import SpeculationCosts, verify, warm_rows
+from edgellm.generate.generator import Generation
+from edgellm.generate.passes import prefill, prefill_chunk, verify, warm_rows
+from edgellm.generate.speculative import SpeculationCosts
 from edgellm.generate.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
 from edgellm.kv.persist import load_prefix, save_prefix

@@ -17,11 +17,13 @@ import torch
 from edgellm.chat_template import ChatTemplate
 from edgellm.convert import float_tensor
 from edgellm.errors import InvalidRequest
-from edgellm.formats import load_tokenizer, open_model
+from edgellm.formats import open_model
+from edgellm.formats.hf_names import hf_name
 from edgellm.formats.quantized import QuantizedModel, save_quantized
 from edgellm.quant.recipes import Recipe, fit_group
 from edgellm.quant.schemes import FLOAT_SCHEMES, Scheme, quantize
 from edgellm.registry import resolve
+from edgellm.tokenizer.load import load_tokenizer
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -72,7 +74,7 @@ def quantize_model(src: str | Path, out: str | Path, recipe: str, calibrate: str
 
     def scheme_of(name: str) -> Scheme | None:
         w = floats[name]
-        chosen = rules.scheme_for(name, arch, n_layers, tied) if w.dim() == 2 else None
+        chosen = rules.scheme_for(name, hf_name(arch, name), n_layers, tied) if w.dim() == 2 else None
         if chosen is None or chosen.kind == "float":
             return chosen
         fitted = fit_group(chosen, w.shape[1])

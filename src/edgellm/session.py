@@ -1,21 +1,26 @@
 """Sessions: what an app holds for one conversation on a shared service."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 from edgellm.errors import InvalidRequest
 from edgellm.generate import Completion
 from edgellm.handle import Handle, Request
 
-if TYPE_CHECKING:
-    from edgellm.service import Service
+
+class Submitter(Protocol):
+    """What a session needs of the service (service.py) it runs on."""
+
+    default_timeout_s: float
+
+    def submit(self, request: Request, on_done: Callable[[Handle, Completion], None] | None = None) -> Handle: ...
 
 
 class Session:
     """What an app holds: one conversation on the shared model. The KV of its last turn stays
     pinned in the model's prefix cache between turns until release() frees it."""
 
-    def __init__(self, service: Service, *, system: str | None = None, timeout_s: float | None = None,
+    def __init__(self, service: Submitter, *, system: str | None = None, timeout_s: float | None = None,
                  **sampling: Any):
         self.service, self.sampling, self.timeout_s = service, sampling, timeout_s
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []

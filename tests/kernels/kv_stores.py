@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from edgellm.kernels import layer_structs as structs
+from edgellm.models.native import structs
 
 CODES = {"f32": 0, "f16": 1, "int8": 2, "int4": 3, "bf16": 4}  # layer_types.h
 

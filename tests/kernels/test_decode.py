@@ -1,4 +1,4 @@
-"""The native decode step (kernels/decode.py + llama_layer.c / gemma_layer.c) against the model's
+"""The native decode step (models/native/decoder.py + llama_layer.c / gemma_layer.c) against the model's
 own PyTorch layers on the same weights and the same native GEMVs: same logits, same tokens — for
 every KV precision it stores, and for a batch of sequences of different lengths."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 import edgellm
 from edgellm import kernels
-from edgellm.generate.generator import decode_step
-from edgellm.kernels.decode import MAX_SEQS, _NativeHead, fused_step, native_prompt_tokens
+from edgellm.generate.passes import decode_step
+from edgellm.models.native.decoder import MAX_SEQS, _NativeHead, fused_step, native_prompt_tokens
 from edgellm.kv import BatchKV, KVConfig, RingCache
 from edgellm.kv.codecs import CODECS
 
@@ -302,7 +302,7 @@ def test_a_short_prompt_goes_natively_in_pieces_with_the_prompt_paths_logits(nam
     """A prompt of at most the decoder's prompt_tokens runs as pieces of up to MAX_SEQS rows of the
     native step (prefill), every row's logits as the PyTorch layers give them, and the next decode
     steps from that cache agree as well."""
-    from edgellm.generate.generator import prefill
+    from edgellm.generate.passes import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model:
         net = model.net
@@ -361,10 +361,10 @@ def test_a_finished_sequence_leaves_nothing_behind_in_the_decoder(smollm2_path):
 
 
 def test_a_caches_page_table_follows_its_pages_as_they_grow_change_and_go(smollm2_path):
-    """The decoder's page tables (kernels/decode_caches.py) grow in place while a cache only gains
+    """The decoder's page tables (models/native/caches.py) grow in place while a cache only gains
     pages, and are written anew when a page is replaced (copy on write) or dropped: every entry
     points at the cache's own page, whatever happened before."""
-    from edgellm.kernels.layer_structs import KVPage, KVSlots
+    from edgellm.models.native.structs import KVPage, KVSlots
 
     def table(model, seq) -> list[tuple[int, int]]:
         slots = KVSlots.from_address(model.net.decoder.caches.sequence(seq.layers, 1))  # layer 0's
@@ -395,12 +395,12 @@ def test_a_caches_page_table_follows_its_pages_as_they_grow_change_and_go(smollm
 
 def test_a_shared_prefix_pages_are_described_once_for_every_sequence_that_holds_them(smollm2_path, monkeypatch):
     """Sequences reusing a cached prefix hold its pages; the decoder describes each page for its
-    tables once (kernels/decode_caches.py keeps the rows while the page lives), not again for each
+    tables once (models/native/caches.py keeps the rows while the page lives), not again for each
     sequence's first step: a second sequence on the same prefix describes only its own new pages,
     and its tables still point at exactly its pages."""
-    from edgellm.generate.generator import prefill
-    from edgellm.kernels import decode_caches
-    from edgellm.kernels.layer_structs import KVPage, KVSlots
+    from edgellm.generate.passes import prefill
+    from edgellm.models.native import caches as decode_caches
+    from edgellm.models.native.structs import KVPage, KVSlots
 
     described = []
     fields = decode_caches._fields
@@ -433,7 +433,7 @@ def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monk
     """Of a short prompt's native pieces only the last goes through the head (Gemma 3's 262k-row head
     cost each earlier piece ~4 ms): one head call, and the same logits and KV as with every head run."""
     from edgellm.generate import generator
-    from edgellm.generate.generator import prefill
+    from edgellm.generate.passes import prefill
 
     with edgellm.load(smollm2_path) as model, torch.inference_mode():
         net, heads = model.net, []
@@ -538,7 +538,7 @@ def test_a_prompt_goes_in_decode_sized_pieces_up_to_the_decoders_limit_and_in_ge
     through the PyTorch prompt path where this build has no int8 GEMM (or the CPU AMX); the limit is the variant's for
     the model's weights: SmolLM2's layers are all one plane of 4-bit codes, Gemma 3's Q4_K_M mixes in
     5- and 6-bit ones."""
-    from edgellm.generate.generator import prefill
+    from edgellm.generate.passes import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model, torch.inference_mode():
         net = model.net
@@ -586,7 +586,7 @@ def test_a_long_prompt_goes_in_gemm_pieces_with_the_prompt_paths_logits(name, re
     GEMMs (layer_ops.h prompt_gemm): every row's logits near the PyTorch prompt path's (its GEMMs in bf16
     or fp32: measured 1 % of a row's largest logit apart at the median, at most 3 %), a token's row bit for bit the same whichever piece it came in (a prompt whole or after a
     cached prefix), and prefill's last logits those of the whole run."""
-    from edgellm.generate.generator import prefill
+    from edgellm.generate.passes import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model:
         net = model.net

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgellm.kernels import layer_structs as structs
-from edgellm.kernels.decode import attention_fits
+from edgellm.models.native import structs
+from edgellm.models.native.decoder import attention_fits
 from edgellm.kv.codecs import codec
 from tests.kernels.kv_stores import kv_store
 

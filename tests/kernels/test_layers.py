@@ -14,7 +14,7 @@ import struct
 import pytest
 import torch
 
-from edgellm.kernels import layer_structs as structs
+from edgellm.models.native import structs
 from edgellm.kv.codecs import codec
 from edgellm.lora.adapter import pack_a, pack_b_t
 from edgellm.quant.blocks import BlockLinear

@@ -10,7 +10,7 @@ import torch
 import edgellm
 from edgellm.bench.memory import shared_prompt_kv
 from edgellm.generate import Completion
-from edgellm.generate.generator import prefill
+from edgellm.generate.passes import prefill
 from edgellm.kv import KVConfig
 from edgellm.service import Request, Service
 

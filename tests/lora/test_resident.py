@@ -12,7 +12,7 @@ import torch
 
 import edgellm
 from edgellm.errors import ModelNotFound
-from edgellm.generate.generator import decode_step
+from edgellm.generate.passes import decode_step
 from edgellm.lora.peft_io import random_adapter
 
 PROMPT = [{"role": "user", "content": "Write a short poem about the sea."}]

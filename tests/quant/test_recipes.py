@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import pytest
 
+from edgellm.formats.hf_names import hf_name
 from edgellm.quant.recipes import BUILTIN, Recipe, fit_group
 from edgellm.quant.schemes import Scheme
 
 
 def scheme(recipe: str, name: str, tied: bool = True, arch: str = "llama") -> str | None:
-    found = Recipe.parse(recipe).scheme_for(name, arch, n_layers=30, tied=tied)
+    found = Recipe.parse(recipe).scheme_for(name, hf_name(arch, name), n_layers=30, tied=tied)
     return None if found is None else found.name
 
 

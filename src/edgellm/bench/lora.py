@@ -90,7 +90,7 @@ def _batch(model, gen_tokens: int, repeat: int, progress) -> dict:
 def _batched_rate(model, adapters: list[str | None], steps: int) -> float:
     import torch
 
-    from edgellm.generate.generator import decode_step
+    from edgellm.generate.passes import decode_step
 
     ids = model.chat_ids(PROMPT)
     generations = [model.generation(ids, adapter=a, max_tokens=steps + 1, ignore_eos=True) for a in adapters]

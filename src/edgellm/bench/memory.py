@@ -25,7 +25,7 @@ def measure_curve(model_name: str, precision: str, contexts=CONTEXTS, context_le
     speed of DECODE_TOKENS greedy tokens after that context."""
     import edgellm
     from edgellm.extras import inference
-    from edgellm.generate.generator import prefill
+    from edgellm.generate.passes import prefill
     from edgellm.kv import KVConfig
 
     model = edgellm.load(model_name, kv=KVConfig(k_precision=precision, v_precision=precision, prefix_cache_bytes=0),

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from edgellm.cli import lora, quant, tasks
+from edgellm.cli import constraint_args, lora, quant, tasks
 from edgellm.cli.generate import cmd_chat, cmd_run
 from edgellm.cli.tools import cmd_bench, cmd_info, cmd_plan, cmd_serve, int_list
 from edgellm.extras import ToolsNeeded
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no statistics line")
     _add_model_args(run)
     _add_sampling_args(run)
-    tasks.add_constraint_args(run)
+    constraint_args.add_constraint_args(run)
     run.set_defaults(func=cmd_run)
 
     chat = sub.add_parser("chat", help="interactive chat that keeps the conversation")

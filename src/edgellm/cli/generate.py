@@ -137,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edgellm.model import last_completion
 
     SamplingParams(**sampling)  # reject bad flags before spending time on loading
-    from edgellm.cli.tasks import constraint_from_args
+    from edgellm.cli.constraint_args import constraint_from_args
 
     constraint = constraint_from_args(args)
     if constraint is not None:

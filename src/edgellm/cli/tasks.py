@@ -1,14 +1,14 @@
 """`edgellm classify | extract | summarize`: the task presets (edgellm/tasks.py) on the command
-line, and the constraint flags of `edgellm run`."""
+line."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
+from edgellm.cli.constraint_args import read_file
 from edgellm.cli.generate import loads_a_model
 from edgellm.errors import InvalidRequest
 
@@ -37,32 +37,6 @@ def add_parsers(sub, add_model_args) -> None:
     summarize.add_argument("--words", type=int, default=80, help="at most about this many words")
     add_model_args(summarize)
     summarize.set_defaults(func=cmd_summarize)
-
-
-def add_constraint_args(p: argparse.ArgumentParser) -> None:
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--json-schema", default=None, metavar="FILE", help="answer with JSON valid for this schema")
-    group.add_argument("--json-object", action="store_true", help="answer with any JSON object")
-    group.add_argument("--choice", default=None, metavar="A,B,...", help="answer with exactly one of these")
-    group.add_argument("--regex", default=None, help="answer matching this regular expression")
-    group.add_argument("--grammar", default=None, metavar="FILE", help="answer in this Lark or GBNF grammar")
-
-
-def constraint_from_args(args: argparse.Namespace):
-    """The constraint `run`'s flags ask for (checked before the model loads), or None."""
-    from edgellm import constrain
-
-    if args.json_schema:
-        return constrain.json_schema(_read(args.json_schema, "schema"))
-    if args.json_object:
-        return constrain.any_json()
-    if args.choice:
-        return constrain.choice([c for c in args.choice.split(",") if c])
-    if args.regex:
-        return constrain.regex(args.regex)
-    if args.grammar:
-        return constrain.grammar(_read(args.grammar, "grammar"))
-    return None
 
 
 @loads_a_model
@@ -94,9 +68,9 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from edgellm.cli.generate import adapter_choice, load_model
     from edgellm.tasks import extract
 
-    schema = _read(args.schema, "schema")
+    schema = read_file(args.schema, "schema")
     constrain.json_schema(schema)  # an invalid schema fails before the model loads
-    text = _read(args.text[1:], "text") if args.text.startswith("@") else args.text
+    text = read_file(args.text[1:], "text") if args.text.startswith("@") else args.text
     with load_model(args) as model:
         value = extract(model, text, schema, instructions=args.instructions, max_tokens=args.max_tokens,
                         **adapter_choice(args))
@@ -109,7 +83,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from edgellm.cli.generate import adapter_choice, load_model
     from edgellm.tasks import summarize
 
-    text = sys.stdin.read() if args.file == "-" else _read(args.file, "text")
+    text = sys.stdin.read() if args.file == "-" else read_file(args.file, "text")
     if not text.strip():
         raise InvalidRequest("the text to summarize is empty")
 
@@ -122,20 +96,13 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(path: str, what: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise InvalidRequest(f"cannot read the {what} file {path}: {error}") from None
-
-
 def _stdin_lines() -> list[str]:
     return [line.strip() for line in sys.stdin if line.strip()]
 
 
 def _labelled(path: str, labels: list[str]) -> list[dict[str, Any]]:
     rows = []
-    for number, line in enumerate(_read(path, "labelled set").splitlines(), 1):
+    for number, line in enumerate(read_file(path, "labelled set").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -24,10 +24,3 @@ def open_model(path: str | Path):
                 raise ModelFormatError(path, "not an edgellm quantized file (no edgellm format metadata)")
     return open_gguf(path)
 
-
-def load_tokenizer(source):
-    """The tokenizer a source carries: its own files, or rebuilt from GGUF metadata."""
-    from edgellm.tokenizer import Tokenizer
-
-    own = getattr(source, "load_tokenizer", None)
-    return own() if own is not None else Tokenizer.from_gguf_metadata(source.metadata)

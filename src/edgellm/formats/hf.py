@@ -81,13 +81,13 @@ class HFFolder:
             self._shifted[name] = w.to(torch_dtype(f.entries[hf].dtype)).view(torch.uint8).reshape(-1)
         return self._shifted[name]
 
-    def load_tokenizer(self):
-        from edgellm.tokenizer.hf import from_hf
-
+    def tokenizer_files(self) -> dict[str, Any]:
+        """What tokenizer.load_tokenizer builds this folder's tokenizer from."""
         path = self.path / "tokenizer.json"
         if not path.is_file():
             raise ModelFormatError(self.path, "no tokenizer.json in the folder")
-        return from_hf(path.read_text(encoding="utf-8"), _tokenizer_config(self.path), self.arch)
+        return {"tokenizer_json": path.read_text(encoding="utf-8"), "config": _tokenizer_config(self.path),
+                "architecture": self.arch}
 
     def drop_pages(self, names: list[str] | None = None) -> None:
         if names is None:

@@ -200,15 +200,13 @@ class QuantizedFile:
     def raw(self, name: str) -> torch.Tensor:
         return self._file.raw(name)
 
-    def load_tokenizer(self):
+    def tokenizer_files(self) -> dict[str, Any]:
+        """What tokenizer.load_tokenizer builds this file's tokenizer from: the source GGUF's
+        vocabulary, or the Hugging Face tokenizer.json it carries."""
         if self._gguf_vocab is not None:
-            from edgellm.tokenizer import Tokenizer
-
-            return Tokenizer.from_gguf_metadata(self._gguf_vocab_metadata())
-        from edgellm.tokenizer.hf import from_hf
-
-        text = bytes(self._file.raw(TOKENIZER).numpy()).decode("utf-8")
-        return from_hf(text, self.tokenizer_config, self.metadata.get("general.architecture", ""))
+            return {"gguf_metadata": self._gguf_vocab_metadata()}
+        return {"tokenizer_json": bytes(self._file.raw(TOKENIZER).numpy()).decode("utf-8"),
+                "config": self.tokenizer_config, "architecture": self.metadata.get("general.architecture", "")}
 
     @property
     def gguf_vocab(self) -> dict[str, Any] | None:

@@ -19,7 +19,9 @@ import numpy as np
 from edgellm.errors import InvalidRequest
 from edgellm.extras import inference, torch
 
+from edgellm.generate.passes import prefill, run_rows
 from edgellm.generate.sampling import Sampler, greedy
+from edgellm.kernels.limits import MAX_SEQS
 from edgellm.kv import KVManager, SequenceKV
 
 
@@ -109,13 +111,10 @@ class DraftModel:
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Tokens into the draft's KV; the last one's logits. A short catch-up goes as rows of
         native calls (a prompt pass of an unseen length would first build PyTorch kernels)."""
-        from edgellm.generate.generator import prefill
-        from edgellm.generate.speculative import MAX_DRAFT, run_rows
-
-        if len(tokens) > 4 * (MAX_DRAFT + 1):
+        if len(tokens) > 4 * MAX_SEQS:
             return prefill(self.net, self.seq, tokens)
-        for start in range(0, len(tokens), MAX_DRAFT + 1):
-            logits = run_rows(self.net, self.seq, tokens[start:start + MAX_DRAFT + 1])
+        for start in range(0, len(tokens), MAX_SEQS):
+            logits = run_rows(self.net, self.seq, tokens[start:start + MAX_SEQS])
         return logits.reshape(-1)
 
     def _common_prefix(self, context: Sequence[int]) -> int:
@@ -230,7 +229,6 @@ def _greedy_rows(net, kv: KVManager, tokens: Sequence[int]) -> np.ndarray:
     a KV manager of its own without prefix reuse (nothing it computes is offered to others)."""
     from dataclasses import replace
 
-    from edgellm.kernels.decode import MAX_SEQS
 
     own = KVManager(net.cache_specs(), replace(kv.config, prefix_cache_bytes=0), len(tokens) + MAX_SEQS)
     seq, _ = own.new_sequence([])

@@ -3,7 +3,7 @@ sample, decode and stream until EOS, a stop string, max_tokens or the end of the
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -12,54 +12,12 @@ from edgellm.extras import inference
 from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenEvent
 from edgellm.generate.drafters import Drafter
-from edgellm.generate.sampling import Sampler, SamplingParams, as_logits
+from edgellm.generate.passes import CausalLM, decode_step, prefill, prefill_chunk
+from edgellm.generate.sampling import Sampler, SamplingParams
 from edgellm.generate.speculative import SpeculationCosts, Speculator
 from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
-from edgellm.kernels.decode import MAX_SEQS
-from edgellm.kv import BatchKV, KVManager, SequenceKV
+from edgellm.kv import KVManager
 from edgellm.memory import peak_rss_bytes, return_freed_heap
-
-PREFILL_CHUNK = 512  # tokens per prefill pass: bounds attention scratch memory
-
-
-class CausalLM(Protocol):
-    config: object  # has n_layers, context_length
-
-    # tokens (B, T) int64 -> logits (B, T or 1, V) fp32: numpy from the native layers, a tensor from PyTorch's
-    def __call__(self, tokens: np.ndarray, caches: Sequence, last_only: bool = False): ...
-
-
-def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> np.ndarray:
-    """Run `ids` through the model into `seq` in pieces of at most `chunk` that end on KV block
-    boundaries (or pieces of the native step, where the decoder takes them: kernels/decode.py
-    FusedDecoder.takes_prompt and piece_rows); returns the
-    last position's logits. (A ring-window-sized piece that began inside a
-    block — after a few tokens interleaved with other streams — would push that block's first
-    tokens out of the ring before the block is remembered for prefix reuse: prefill_chunk.)"""
-    logits, start, block = None, 0, seq.config.block_size
-    decoder = getattr(model, "decoder", None)
-    native = decoder is not None and decoder.takes_prompt(len(ids))
-    rows = decoder.piece_rows(len(ids)) if native else chunk
-    while start < len(ids):
-        size = rows
-        if size >= block:  # a piece shorter than a block cannot push a block's first tokens out of a ring
-            size -= seq.offset % block
-        piece = list(ids[start:start + size])
-        seq.prepare(len(piece))
-        if not (native and start + len(piece) < len(ids) and _layers_alone(model, seq, piece)):
-            logits = as_logits(model(np.array([piece], dtype=np.int64), seq, last_only=True)[0, -1])
-        seq.advance(piece)
-        start += len(piece)
-    return logits
-
-
-def _layers_alone(model: CausalLM, seq: SequenceKV, piece: list[int]) -> bool:
-    """A prompt's piece before its last through the native layers without the head, whose logits
-    nobody reads (Gemma 3's 262k-row head: ~4 ms a call); False where the native call cannot take it."""
-    done = model.decoder.step_rows([(seq.layers, piece)], adapters=[getattr(seq, "adapter", None)],
-                                    wanted=[False])
-    return done is not None
-
 
 class Generation:
     """One sequence's generation as explicit steps (prefill, then accept one logits row at a
@@ -219,25 +177,6 @@ class Generation:
             return_freed_heap()
 
 
-def decode_step(model: CausalLM, generations: list[Generation]) -> np.ndarray:
-    """One decode step for several sequences at once: their linears run as one batch (the native
-    decoder's one call where it takes them, handed plain ints: no token tensor to build and take
-    apart). Returns (len(generations), V) logits."""
-    for g in generations:
-        g.seq.prepare(1)
-    decoder = getattr(model, "decoder", None)
-    direct = decoder is not None and all(g.seq.layers for g in generations)
-    logits = None if not direct else decoder.step_rows([(g.seq.layers, [g.next_token]) for g in generations],
-                                                            adapters=[g.seq.adapter for g in generations])
-    if logits is None:
-        tokens = np.array([[g.next_token] for g in generations], dtype=np.int64)
-        caches = generations[0].seq if len(generations) == 1 else BatchKV([g.seq for g in generations])
-        logits = as_logits(model(tokens, caches, last_only=True)[:, -1])
-    for g in generations:
-        g.seq.advance([g.next_token])
-    return logits
-
-
 def decode_with_prompt_chunks(model: CausalLM, generations: list[Generation],
                               newcomers: list[tuple[Generation, int]]) -> tuple[np.ndarray, list] | None:
     """The decode step of `generations` and the next n prompt tokens of each (newcomer, n) in one
@@ -289,13 +228,6 @@ def stream_generate(model: CausalLM, prompt_ids: list[int], params: SamplingPara
                 events = generation.decode()
     finally:
         generation.close()
-
-
-def prefill_chunk(kv: KVManager) -> int:
-    # A ring layer must still hold a finished block when it is remembered for prefix reuse.
-    windows = [s.window for s in kv.specs if s.window is not None]
-    chunk = min([PREFILL_CHUNK, *windows])
-    return max(kv.config.block_size, chunk // kv.config.block_size * kv.config.block_size)
 
 
 def _tail(detok: IncrementalDetokenizer, stops: StopMatcher) -> str:

@@ -1,7 +1,7 @@
 """Speculative decoding: a drafter guesses k tokens, the target checks them in one pass.
 
 Decode reads every weight once per token; the target's pass over [next token, k guesses] reads
-them once for up to k + 1 tokens (kernels/decode.py runs those rows as one native call). Each
+them once for up to k + 1 tokens (models/native/decoder.py runs those rows as one native call). Each
 guess is judged as plain decoding would have chosen, so the text is the target's own:
 
 * greedy: the target's token at each position (its sampler: repetition penalty included) is
@@ -20,11 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgellm.extras import inference
-
 from edgellm.generate.drafters import Drafter
 from edgellm.generate.events import GenerationEvent
-from edgellm.generate.sampling import as_logits
+from edgellm.generate.passes import decode_step, verify
 from edgellm.kernels.limits import MAX_SEQS
 
 MAX_DRAFT = MAX_SEQS - 1  # + the token before them: the rows of one native call
@@ -129,42 +127,6 @@ def _mean(old: float | None, new: float) -> float:
     return new if old is None else 0.8 * old + 0.2 * new
 
 
-def verify(model, seq, tokens: list[int]) -> np.ndarray:
-    """Run `tokens` (the next token and the guesses after it) through the target into `seq`,
-    keeping what they overwrite for a trim; returns every position's logits (len(tokens), V)."""
-    return run_rows(model, seq, tokens, every_row=True, undoable=True)
-
-
-def run_rows(model, seq, tokens: list[int], every_row: bool = False, undoable: bool = False) -> np.ndarray:
-    """A few tokens (at most MAX_DRAFT + 1) into `seq` as rows of one native call where the model
-    has one; logits of every row (every_row) or of the last (1, V)."""
-    seq.prepare(len(tokens))
-    if undoable:
-        seq.keep_overwritten(len(tokens))
-    decoder = getattr(model, "decoder", None)
-    logits = None if decoder is None else decoder.step_rows([(seq.layers, tokens)], every_row, [seq.adapter])
-    if logits is None:
-        logits = as_logits(model(np.array([tokens], dtype=np.int64), seq, last_only=not every_row)[0])
-    seq.advance(tokens)
-    return logits
-
-
-def warm_rows(model, kv) -> None:
-    """Run 2 ... MAX_DRAFT + 1 rows through the model once on a throwaway sequence: PyTorch's
-    first matmul of each new row count builds its kernels (tens of ms), which would otherwise be
-    charged to the first checks and mislead the policy."""
-    if getattr(model, "decoder", None) is not None:
-        return  # the native layers have nothing to build
-    seq, _ = kv.new_sequence([])
-    try:
-        with inference():
-            for rows in range(2, MAX_DRAFT + 2):
-                run_rows(model, seq, [0] * rows, every_row=True)
-                seq.trim(rows)
-    finally:
-        seq.release()
-
-
 def choose(generation, logits, guess: int, q: np.ndarray | None) -> int:
     """The token plain decoding stands in for at this position, given the guess."""
     sampler = generation.sampler
@@ -194,8 +156,6 @@ class Speculator:
 
     def step(self, model, generation) -> list[GenerationEvent]:
         """A plain decode step or a verified draft; the events it releases."""
-        from edgellm.generate.generator import decode_step  # generator.py imports this module
-
         started = time.perf_counter()
         k = min(self.policy.draft_length(), generation.budget - len(generation.generated) - 1)
         guesses, q = self.drafter.propose(generation.history, k) if k > 0 else ([], None)

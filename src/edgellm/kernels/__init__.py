@@ -5,7 +5,7 @@ AVX2, NEON or the portable scalar reference (isa.py, build.py).
 Decode (gemv.py): `int4_gemv` multiplies a few activation rows by a weight in edgellm's INT4 layout
 (quant/int4_pack.py); `block_gemv` by GGUF Q8_0 / Q5_0 / Q5_K / Q6_K weights straight from the model
 file (quant/blocks.py). llama_layer.c and gemma_layer.c run a whole decoder layer for one token of
-up to 8 sequences on these (decode.py).
+up to 8 sequences on these (models/native/decoder.py).
 
 Prompts (prompt.py): `int4_unpack` and `blocks_to_float` unpack weights into one reused scratch for
 PyTorch's GEMM in the compute dtype (bf16 only where the CPU multiplies bf16 natively, else fp32),

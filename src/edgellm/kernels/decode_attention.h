@@ -148,7 +148,7 @@ static inline int64_t attend_rows(const KVSlots *caches, const float *q, int64_t
                                   int64_t n_kv, int64_t d, float scale, float softcap, const int64_t *slots,
                                   const int64_t *pos, float *scratch, float *out, int64_t out_stride, int threads) {
     int group = (int)(n_heads / n_kv);
-    if (group * d > ATT_MAX_GROUP_FLOATS) {  /* kernels/decode.py declines such a model: never here */
+    if (group * d > ATT_MAX_GROUP_FLOATS) {  /* models/native/decoder.py declines such a model: never here */
         fprintf(stderr, "edgellm: decode attention takes at most %d query floats per KV head, got %lld\n",
                 ATT_MAX_GROUP_FLOATS, (long long)(group * d));
         abort();

@@ -1,4 +1,4 @@
-/* The structures Python (kernels/decode.py) and the decoder layers share: weights, KV stores and
+/* The structures Python (models/native/decoder.py) and the decoder layers share: weights, KV stores and
    layer descriptors. Plain C, no vector types, so a test driver can build them too. */
 #ifndef EDGELLM_LAYER_TYPES_H
 #define EDGELLM_LAYER_TYPES_H

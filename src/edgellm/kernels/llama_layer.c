@@ -11,7 +11,7 @@
 
    The m sequences share every weight read (one GEMV of m rows per projection); each attends over
    its own cache. edgellm_decoder_layers (layer_ops.c) runs it for every layer in one call from
-   Python, instead of ~70 eager ops per layer (kernels/decode.py decides when it applies). */
+   Python, instead of ~70 eager ops per layer (models/native/decoder.py decides when it applies). */
 #include "layer_ops.h"
 
 /* x (m, hidden) is updated in place; cos, sin (m, head_dim) hold each sequence's position's angles.

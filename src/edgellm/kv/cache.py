@@ -52,7 +52,7 @@ class KVCache(Protocol):
     def adopt(self, b: int, block: object) -> None: ...  # take a cached block as block b
     def unshare(self, b: int) -> None: ...  # before writing block b while others hold it
 
-    # What native kernels read and write in place (kernels/decode.py):
+    # What native kernels read and write in place (models/native/decoder.py):
     pages: list[KVPage]  # slot t lives in pages[t // page_tokens]
     page_tokens: int
     version: int  # changes whenever `pages` does

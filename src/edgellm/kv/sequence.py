@@ -3,17 +3,33 @@ sink + sliding-window policy, copy on write of shared blocks; and several sequen
 batch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from edgellm.extras import torch
 
 from edgellm.errors import InvalidRequest
+from edgellm.kv.blocks import BlockPool, PrefixIndex
 from edgellm.kv.cache import KVCache
+from edgellm.kv.config import KVConfig, LayerSpec
 
-if TYPE_CHECKING:
-    from edgellm.kv.manager import KVManager
+
+class BlockOwner(Protocol):
+    """What a sequence needs of the KV manager (manager.py) that made it: the pool its blocks
+    come from, the prefix cache its finished blocks go to, and how its layers are made."""
+
+    config: KVConfig
+    specs: list[LayerSpec]
+    adapter: Any
+    fixed_blocks: int
+    pool: BlockPool
+    prefix: PrefixIndex | None
+
+    def make_layer(self, spec: LayerSpec) -> KVCache: ...
+    def take(self, n: int) -> list[int]: ...
+    def hashes(self, tokens: Sequence[int], after: str | None = None) -> list[str]: ...
+    def remember_blocks(self, seq: SequenceKV, start: int) -> None: ...
 
 
 class SequenceKV:
@@ -21,7 +37,7 @@ class SequenceKV:
     plus the blocks it holds in the pool. Call prepare(n) before a forward of n tokens and
     advance(ids) after it."""
 
-    def __init__(self, manager: KVManager, limit: int):
+    def __init__(self, manager: BlockOwner, limit: int):
         self.manager, self.config, self.limit = manager, manager.config, limit
         # the LoRA adapter this KV is computed under (lora/; None: the base): the model applies it to
         # this sequence's rows, and its prefix blocks are keyed by it

@@ -91,7 +91,7 @@ class KVPage:
     """K and V of one block of `tokens` token slots in one layer. A page held by several
     sequences (a shared prefix) is never written: kv/sequence.py copies it first."""
 
-    __slots__ = ("k", "v", "__weakref__")  # decode_caches.py keeps a weak table by page
+    __slots__ = ("k", "v", "__weakref__")  # models/native/caches.py keeps a weak table by page
 
     def __init__(self, k: TokenStore, v: TokenStore):
         self.k, self.v = k, v

@@ -57,7 +57,7 @@ def layer_specs(metadata) -> list:
 def first_layers(net: Module, n: int) -> Module:
     """The model's first n blocks under its own embedding, final norm and head: the
     self-speculative draft. It shares every weight; only its KV cache is its own."""
-    from edgellm.kernels.decode import FusedDecoder
+    from edgellm.models.native.decoder import FusedDecoder
 
     if not 0 < n < len(net.blocks):
         raise InvalidRequest(f"a self-speculative draft takes 1 to {len(net.blocks) - 1} layers, got {n}")

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from edgellm.extras import torch
-from edgellm.kernels.decode import FusedDecoder, fused_step
+from edgellm.models.native.decoder import FusedDecoder, fused_step
 from edgellm.kv.config import LayerSpec
 from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, head_norms, norm_rope, weights_of

@@ -15,7 +15,6 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from edgellm.formats.hf_names import hf_name
 from edgellm.quant.builtin_recipes import BUILTIN
 from edgellm.quant.schemes import GROUPS, Scheme
 
@@ -45,17 +44,18 @@ class Recipe:
             raise ValueError(f"recipe {text!r} has no rules")
         return cls(text.strip(), tuple(rules))
 
-    def scheme_for(self, name: str, arch: str, n_layers: int, tied: bool) -> Scheme | None:
-        """The scheme for a GGUF-named weight; None when no rule matches (kept as stored)."""
-        names = _aliases(name, arch, n_layers, tied)
+    def scheme_for(self, name: str, hf_name: str | None, n_layers: int, tied: bool) -> Scheme | None:
+        """The scheme for a GGUF-named weight (`hf_name`: its Hugging Face name, which rules may use
+        too); None when no rule matches (kept as stored)."""
+        names = _aliases(name, hf_name, n_layers, tied)
         for rule in self.rules:
             if any(fnmatch.fnmatchcase(n, p) for p in rule.patterns for n in names):
                 return rule.scheme
         return None
 
 
-def _aliases(name: str, arch: str, n_layers: int, tied: bool) -> set[str]:
-    hf = hf_name(arch, name) or name
+def _aliases(name: str, hf_name: str | None, n_layers: int, tied: bool) -> set[str]:
+    hf = hf_name or name
     names = {name, hf, name.removesuffix(".weight"), hf.removesuffix(".weight")}
     names |= {n.split(".")[-2] for n in (name, hf) if n.count(".") >= 1}  # attn_q, q_proj, ...
     m = re.match(r"blk\.(\d+)\.", name)

@@ -119,3 +119,4 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(model={self._vocab.model!r}, vocab_size={self.vocab_size})"
+

@@ -1,6 +1,6 @@
 """layer_types.h in ctypes: the structs the native decoder layers read, and how edgellm's weights
 (INT4, GGUF blocks, dense) and LoRA adapters are described in them. The KV caches' side is
-decode_caches.py; the decoder that fills both is decode.py."""
+caches.py; the decoder that fills both is decoder.py."""
 from __future__ import annotations
 
 import ctypes

@@ -30,10 +30,10 @@ import numpy as np
 from edgellm import kernels, threads
 from edgellm.extras import has_torch, torch, torch_loaded
 from edgellm.kernels.buffers import address, aligned_bytes
-from edgellm.kernels.decode_caches import CacheViews
+from edgellm.models.native.caches import CacheViews
 from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16, REPACK_BLOCKS, affine_rows
 from edgellm.kernels.isa import cpu_features
-from edgellm.kernels.layer_structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
+from edgellm.models.native.structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
 from edgellm.kernels.limits import MAX_SEQS
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.embedding import BlockEmbedding

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from edgellm.kernels.layer_structs import KVPage, KVSlots
+from edgellm.models.native.structs import KVPage, KVSlots
 from edgellm.kv.cache import DenseCache, RingCache
 from edgellm.kv.codecs import FloatCodec, Int4Codec, Int8Codec
 
