@@ -15,6 +15,7 @@ ROOT = Path(edgellm.__file__).parent
 # bottom to top: an entry may import entries of its own layer or of the layers below
 LAYERS = [
     ["errors", "extras", "atomic", "threads", "module", "registry", "profile", "memory"],
+    ["families"],  # one module per model family: names, conventions, quirks (no arithmetic)
     ["kernels"],  # the C kernels and their bindings
     ["quant"],  # weight formats, quantized linears
     ["formats"],  # file readers: GGUF, safetensors, Hugging Face folders, the pack cache

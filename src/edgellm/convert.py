@@ -14,10 +14,11 @@ from typing import Callable
 
 import torch
 
+from edgellm import families
 from edgellm.chat_template import ChatTemplate
 from edgellm.errors import InvalidRequest, UnsupportedModel
 from edgellm.formats import open_model
-from edgellm.formats.hf_names import NORMS_PLUS_ONE, PERMUTED_QK, config_from_metadata, hf_name, unpermute_rows
+from edgellm.formats.hf_names import config_from_metadata, hf_name, unpermute_rows
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.schemes import FLOAT_SCHEMES
 from edgellm.registry import resolve
@@ -40,11 +41,12 @@ def to_hf_layout(source, name: str, w: torch.Tensor) -> torch.Tensor:
     """GGUF layout -> HF layout for one tensor."""
     meta = source.metadata
     arch = meta["general.architecture"]
-    if arch in PERMUTED_QK and not meta.get("edgellm.hf_qk_layout") and name.split(".")[-2] in ("attn_q", "attn_k"):
+    family = families.get(arch)
+    if family.permuted_qk and not meta.get("edgellm.hf_qk_layout") and name.split(".")[-2] in ("attn_q", "attn_k"):
         heads = meta[f"{arch}.attention.head_count" + ("_kv" if "attn_k" in name else "")]
         head_dim = w.shape[0] // heads
         w = w[unpermute_rows(heads, head_dim)]
-    if arch in NORMS_PLUS_ONE and name.endswith("norm.weight"):
+    if family.norms_plus_one and name.endswith("norm.weight"):
         w = w - 1.0
     return w
 

@@ -432,7 +432,7 @@ def test_a_shared_prefix_pages_are_described_once_for_every_sequence_that_holds_
 def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monkeypatch):
     """Of a short prompt's native pieces only the last goes through the head (Gemma 3's 262k-row head
     cost each earlier piece ~4 ms): one head call, and the same logits and KV as with every head run."""
-    from edgellm.generate import generator
+    from edgellm.generate import passes
     from edgellm.generate.passes import prefill
 
     with edgellm.load(smollm2_path) as model, torch.inference_mode():
@@ -444,7 +444,7 @@ def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monk
         skipping, _ = model.kv.new_sequence()
         once = prefill(net, skipping, ids)
         assert heads == [1]
-        monkeypatch.setattr(generator, "_layers_alone", lambda *args: False)
+        monkeypatch.setattr(passes, "_layers_alone", lambda *args: False)
         every, _ = model.kv.new_sequence()
         each = prefill(net, every, ids)
         assert len(heads) == 1 + -(-len(ids) // MAX_SEQS)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from edgellm import families
 from edgellm.formats.gguf import open_gguf
 from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
@@ -22,8 +23,7 @@ from tests.tiny import hf_model, random_weights
 
 # architecture -> the real tokenizer its tiny model gets (byte-level BPE ones are recognised by
 # the converter's pre-tokenizer hash; SentencePiece ones travel as tokenizer.model)
-TOKENIZERS = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "smollm3": "llama-bpe",
-              "phi3": "phi-3", "gemma2": "llama-spm", "gemma3": "llama-spm"}
+TOKENIZERS = {arch: families.get(arch).tiny_vocab for arch in families.names() if families.get(arch).gguf_from_llama_cpp}
 SENTENCEPIECE = {"phi-3", "llama-spm"}
 SLIDING_WINDOW = 8  # Phi-3's and Gemma's, fewer than TEXT's tokens
 TEXT = "The converter wrote this file; edgellm reads it. 数字 12345, emoji 🦙 and code: def f(x): return x"

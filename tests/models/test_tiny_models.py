@@ -4,12 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edgellm import families
 from edgellm.formats.gguf import open_gguf
 from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
 from tests.tiny import HEAD_DIM, LLAMA3_ROPE, VOCAB, hf_model, llama3_rope_freqs, random_weights, write_gguf
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
+ARCHS = list(families.names())  # a new family module is checked against transformers here as it lands
 TOKENS = torch.randint(2, VOCAB, (1, 24), generator=torch.Generator().manual_seed(1))
 
 
@@ -165,6 +166,18 @@ def _folder_and_gguf(tmp_path, reference, arch: str, weights, **gguf_options):
     for source in (HFFolder(tmp_path / "hf"), open_gguf(path)):
         with source:
             yield source
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_family_runs_from_its_hugging_face_folder_and_gguf_like_transformers(tmp_path, arch):
+    """What a family module says (tensor names, config fields, conventions, quirks) is all it takes:
+    the saved transformers folder and the GGUF llama.cpp's converter would write run alike."""
+    weights = random_weights(arch, layers=4)
+    reference = hf_model(arch, weights, layers=4)
+    with torch.inference_mode():
+        expected = reference(TOKENS).logits[0]
+    for source in _folder_and_gguf(tmp_path, reference, arch, weights, layers=4):
+        torch.testing.assert_close(_forward(build_model(source, VOCAB, "exact"), TOKENS), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_llama3_rope_scaling_matches_transformers_from_a_folder_and_a_gguf(tmp_path):

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edgellm import families
 from edgellm.bench.shapes import byte_vocabulary
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma2", "gemma3")
+ARCHITECTURES = families.names()
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 576, 9, 3, 64, 1536, 32_000
 
 
@@ -32,9 +33,10 @@ def write_synthetic(path: Path, arch: str, layers: int = 12, seed: int = 0) -> P
                        (writer.add_key_length, HEAD_DIM), (writer.add_value_length, HEAD_DIM),
                        (writer.add_layer_norm_rms_eps, 1e-6), (writer.add_rope_freq_base, 10000.0)):
         add(value)
-    if arch.startswith("gemma"):
+    family = families.get(arch)
+    if family.runner == "gemma":
         writer.add_sliding_window(4096)
-    if arch == "gemma2":
+    if "attn_logit_softcapping" in family.config_keys:  # Gemma 2's caps
         writer.add_attn_logit_softcapping(50.0)
         writer.add_final_logit_softcapping(30.0)
     byte_vocabulary(writer, VOCAB)
@@ -54,24 +56,9 @@ def write_synthetic(path: Path, arch: str, layers: int = 12, seed: int = 0) -> P
 
 def _tensor_shapes(arch: str, layers: int) -> list[tuple[str, tuple[int, ...]]]:
     """GGUF tensor names and (rows, columns) shapes of `arch`, as llama.cpp's converter names them."""
-    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     shapes = [("token_embd.weight", (VOCAB, HIDDEN)), ("output_norm.weight", (HIDDEN,))]
     for i in range(layers):
-        p = f"blk.{i}"
-        if arch == "phi3":  # fused in the file
-            shapes += [(f"{p}.attn_qkv.weight", (q + 2 * kv, HIDDEN)), (f"{p}.ffn_up.weight", (2 * FFN, HIDDEN))]
-        else:
-            shapes += [(f"{p}.attn_q.weight", (q, HIDDEN)), (f"{p}.attn_k.weight", (kv, HIDDEN)),
-                       (f"{p}.attn_v.weight", (kv, HIDDEN)), (f"{p}.ffn_gate.weight", (FFN, HIDDEN)),
-                       (f"{p}.ffn_up.weight", (FFN, HIDDEN))]
-        shapes += [(f"{p}.attn_output.weight", (HIDDEN, q)), (f"{p}.ffn_down.weight", (HIDDEN, FFN)),
-                   (f"{p}.attn_norm.weight", (HIDDEN,)), (f"{p}.ffn_norm.weight", (HIDDEN,))]
-        if arch == "qwen2":
-            shapes += [(f"{p}.attn_{x}.bias", (n,)) for x, n in (("q", q), ("k", kv), ("v", kv))]
-        if arch in ("qwen3", "gemma3"):
-            shapes += [(f"{p}.attn_q_norm.weight", (HEAD_DIM,)), (f"{p}.attn_k_norm.weight", (HEAD_DIM,))]
-        if arch.startswith("gemma"):
-            shapes += [(f"{p}.post_attention_norm.weight", (HIDDEN,)), (f"{p}.post_ffw_norm.weight", (HIDDEN,))]
+        shapes += families.get(arch).block_tensors(i, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN)
     return shapes
 
 

@@ -21,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from edgellm import families
 from edgellm.atomic import atomic_path
 from edgellm.errors import EdgeLLMError
 from edgellm.registry import cache_dir
@@ -65,21 +66,13 @@ _RANDOM_CHUNK = 1 << 26  # bytes of random codes made at a time
 
 def tensor_shapes(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
     """GGUF tensor names and (rows, columns) shapes, as llama.cpp's converter writes them."""
-    q, kv, h = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
+    h = shape.hidden
     out = [("token_embd.weight", (shape.vocab, h)), ("output_norm.weight", (h,))]
     if not shape.tied:
         out.append(("output.weight", (shape.vocab, h)))
+    family = families.get(shape.arch)
     for i in range(shape.layers):
-        p = f"blk.{i}"
-        out += [(f"{p}.attn_norm.weight", (h,)), (f"{p}.attn_q.weight", (q, h)), (f"{p}.attn_k.weight", (kv, h)),
-                (f"{p}.attn_v.weight", (kv, h)), (f"{p}.attn_output.weight", (h, q)),
-                (f"{p}.ffn_norm.weight", (h,)), (f"{p}.ffn_gate.weight", (shape.ffn, h)),
-                (f"{p}.ffn_up.weight", (shape.ffn, h)), (f"{p}.ffn_down.weight", (h, shape.ffn))]
-        if shape.arch == "qwen2":
-            out += [(f"{p}.attn_q.bias", (q,)), (f"{p}.attn_k.bias", (kv,)), (f"{p}.attn_v.bias", (kv,))]
-        if shape.arch == "gemma3":
-            out += [(f"{p}.attn_q_norm.weight", (shape.head_dim,)), (f"{p}.attn_k_norm.weight", (shape.head_dim,)),
-                    (f"{p}.post_attention_norm.weight", (h,)), (f"{p}.post_ffw_norm.weight", (h,))]
+        out += family.block_tensors(i, h, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn)
     return out
 
 

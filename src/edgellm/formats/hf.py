@@ -11,11 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgellm import families
 from edgellm.extras import torch
 
 from edgellm.errors import ModelFormatError, UnsupportedModel
 from edgellm.formats.gguf import TensorInfo
-from edgellm.formats.hf_names import NORMS_PLUS_ONE, gguf_name, metadata_from_config
+from edgellm.formats.hf_names import gguf_name, metadata_from_config
 from edgellm.formats.safetensors import SafetensorsFile, torch_dtype
 
 # Metadata flag: Llama q/k rows are in HF's order, not llama.cpp's interleaved one.
@@ -69,7 +70,7 @@ class HFFolder:
         return info
 
     def raw(self, name: str) -> torch.Tensor:
-        if self.arch in NORMS_PLUS_ONE and name.endswith("norm.weight"):
+        if families.get(self.arch).norms_plus_one and name.endswith("norm.weight"):
             return self._shifted_norm(name)
         f, hf = self._where[name]
         return f.raw(hf)

@@ -226,7 +226,8 @@ def _read_peft(folder: Path) -> tuple[int, float, dict]:
 
 def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
     from edgellm.formats.gguf import GGUFFile
-    from edgellm.formats.hf_names import PERMUTED_QK, unpermute_rows
+    from edgellm import families
+    from edgellm.formats.hf_names import unpermute_rows
     from edgellm.quant.ggml import float_vector
 
     with GGUFFile(path) as gguf:
@@ -243,7 +244,7 @@ def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
         alpha = float(meta.get("adapter.lora.alpha", 0.0))
         architecture = meta.get("general.architecture")
     pairs = _pairs(path, halves, "a", "b")
-    if architecture in PERMUTED_QK:  # llama.cpp's converter interleaves these q/k rows, as in the base
+    if architecture in families.names() and families.get(architecture).permuted_qk:  # llama.cpp's converter interleaves these q/k rows, as in the base
         for (layer, module), pair in list(pairs.items()):
             if module in ("q", "k"):
                 heads = config.n_heads if module == "q" else config.n_kv_heads

@@ -1,24 +1,18 @@
-"""One file per architecture family; `build_model` picks the class from the file's metadata."""
+"""The arithmetic of the model families: llama.py runs the Llama-like ones, gemma.py Gemma's (each
+family, in families/, names its runner); `build_model` picks the class from the file's metadata."""
 from __future__ import annotations
 
 import copy
 from dataclasses import replace
 
-from edgellm.errors import InvalidRequest, UnsupportedModel
+from edgellm import families
+from edgellm.errors import InvalidRequest
 from edgellm.models.gemma import Gemma, GemmaConfig
 from edgellm.models.llama import Llama, LlamaConfig
 from edgellm.models.weights import TensorSource, Weights
 from edgellm.module import Module
 
-ARCHITECTURES = {
-    "llama": (LlamaConfig, Llama),
-    "qwen2": (LlamaConfig, Llama),
-    "qwen3": (LlamaConfig, Llama),
-    "smollm3": (LlamaConfig, Llama),
-    "phi3": (LlamaConfig, Llama),
-    "gemma2": (GemmaConfig, Gemma),
-    "gemma3": (GemmaConfig, Gemma),
-}
+RUNNERS = {"llama": (LlamaConfig, Llama), "gemma": (GemmaConfig, Gemma)}  # a family's `runner` -> its classes
 
 
 def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache=None,
@@ -26,21 +20,16 @@ def build_model(source: TensorSource, vocab_size: int, mode: str = "fast", cache
     """Config from the file's metadata, weights through `quant/` (or a PackCache of earlier
     conversions). `context_length`: what the model is loaded for
     (None: the default; Phi-3's LongRoPE picks its factors by it)."""
-    arch = source.metadata.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        supported = ", ".join(ARCHITECTURES)
-        raise UnsupportedModel(f"{source.path}: architecture {arch!r} is not supported ({supported})")
-    config_cls, model_cls = ARCHITECTURES[arch]
+    family = families.get(str(source.metadata.get("general.architecture")))
+    config_cls, model_cls = RUNNERS[family.runner]
     config = config_cls.from_gguf(source.metadata, vocab_size, context_length)
     return model_cls(config, Weights(source, mode, cache))
 
 
 def model_config(metadata):
     """A model's config straight from its metadata (no weights): shapes for planning, adapters."""
-    arch = metadata.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise UnsupportedModel(f"architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)})")
-    return ARCHITECTURES[arch][0].from_gguf(metadata, vocab_size=0)
+    family = families.get(str(metadata.get("general.architecture")))
+    return RUNNERS[family.runner][0].from_gguf(metadata, vocab_size=0)
 
 
 def layer_specs(metadata) -> list:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from edgellm import families
 from edgellm.extras import torch
 from edgellm.models.native.decoder import FusedDecoder, fused_step
 from edgellm.kv.config import LayerSpec
@@ -25,9 +26,6 @@ from edgellm.models.layers import GatedMLP, RMSNorm, Rotary, attention, head_nor
 from edgellm.models.weights import Weights
 from edgellm.module import Module
 
-LOCAL_ROPE_BASE = 10_000.0  # Gemma 3's sliding layers; the file carries only the global base
-SLIDING_PATTERN = {"gemma3": 6, "gemma2": 2}  # every n-th layer attends globally
-ROPE_BASE = {"gemma3": 1_000_000.0, "gemma2": 10_000.0}  # where the file leaves it out
 
 
 @dataclass(frozen=True)
@@ -46,6 +44,7 @@ class GemmaConfig:
     sliding_window: int
     query_pre_attn_scalar: float
     architecture: str = "gemma3"
+    sliding_pattern: int = 6  # every n-th layer attends globally (families/gemma3.py, gemma2.py)
     attn_softcap: float | None = None  # Gemma 2: attention scores soft-capped at this
     final_softcap: float | None = None  # Gemma 2: logits soft-capped at this
 
@@ -55,7 +54,9 @@ class GemmaConfig:
         arch = meta["general.architecture"]
         get = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
         heads, head_dim = int(get("attention.head_count")), int(get("attention.key_length", 256))
-        base = float(get("rope.freq_base", ROPE_BASE[arch]))
+        family = families.get(arch).runtime(get, context_length)  # its layout and default RoPE bases
+        base = float(get("rope.freq_base", family["default_rope_base"]))
+        local = family["default_local_rope_base"] or base  # Gemma 3's sliding layers have their own
         return cls(
             architecture=arch,
             hidden_size=int(get("embedding_length")),
@@ -68,7 +69,8 @@ class GemmaConfig:
             context_length=int(get("context_length", 32768)),
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_base=base,
-            rope_local_base=float(get("rope.local.freq_base", LOCAL_ROPE_BASE if arch == "gemma3" else base)),
+            rope_local_base=float(get("rope.local.freq_base", local)),
+            sliding_pattern=family["sliding_pattern"],
             sliding_window=int(get("attention.sliding_window", 4096)),
             query_pre_attn_scalar=float(get("attention.query_pre_attn_scalar", head_dim)),
             attn_softcap=float(get("attn_logit_softcapping")) if get("attn_logit_softcapping") else None,
@@ -76,7 +78,7 @@ class GemmaConfig:
         )
 
     def is_sliding(self, layer: int) -> bool:
-        return (layer + 1) % SLIDING_PATTERN[self.architecture] != 0
+        return (layer + 1) % self.sliding_pattern != 0
 
 
 class Attention(Module):

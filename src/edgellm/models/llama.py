@@ -1,12 +1,12 @@
-"""Llama family (Llama 2/3, SmolLM2/3, Qwen2, Qwen3): pre-norm blocks of grouped-query attention
-with rotary positions and a SwiGLU MLP.
+"""The Llama-like families (Llama 2/3, SmolLM2/3, Qwen2, Qwen3, Phi-3; families/ describes each):
+pre-norm blocks of grouped-query attention with rotary positions and a SwiGLU MLP.
 
     h = x + W_o · Attn(RoPE(W_q·n), RoPE(W_k·n), W_v·n),   n = RMSNorm(x)
     y = h + W_down · (silu(W_gate·m) ⊙ W_up·m),            m = RMSNorm(h)
 
 Qwen2 adds a bias to q, k, v; Qwen3 normalizes each head of q and k (RMSNorm over head_dim)
 before RoPE (both variations come from the weights present); SmolLM3 leaves RoPE out of every
-fourth layer (NoPE: `rope_layers`); Phi-3 stores q|k|v and gate|up fused, scales RoPE with
+fourth layer (NoPE: `rope_layers`, from families/smollm3.py); Phi-3 stores q|k|v and gate|up fused, scales RoPE with
 LongRoPE factors, may slide a window over every layer and may rotate only part of each head
 (Phi-4-mini: `rope_dims`).
 """
@@ -19,7 +19,8 @@ import numpy as np
 
 from edgellm.extras import torch
 from edgellm.models.native.decoder import FusedDecoder, fused_step
-from edgellm.formats.hf_names import PERMUTED_QK, unpermute_rows
+from edgellm import families
+from edgellm.formats.hf_names import unpermute_rows
 from edgellm.kv.config import LayerSpec
 from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, as_tensors, attention, head_norms, llama3_rope_factors,
@@ -78,39 +79,10 @@ class LlamaConfig:
             rope_base=float(get("rope.freq_base", 10000.0)),
             hf_qk_layout=bool(meta.get("edgellm.hf_qk_layout", False)),
             llama3_rope=_llama3_rope(get),
-            rope_layers=_rope_layers(arch, get, int(get("block_count"))),
         )
         rope_dims = int(get("rope.dimension_count", fields["head_dim"]))
         fields["rope_dims"] = rope_dims if rope_dims != fields["head_dim"] else None
-        return cls(**(fields | _phi3(arch, get, context_length)))
-
-
-def _rope_layers(arch: str, get, n_layers: int) -> tuple[bool, ...] | None:
-    """SmolLM3's NoPE layers: as a Hugging Face config lists them, else llama.cpp's rule (every
-    fourth layer, which SmolLM3 GGUFs do not record)."""
-    if arch != "smollm3":
-        return None
-    listed = get("rope_layers")
-    return tuple(bool(x) for x in listed) if listed is not None else tuple((i + 1) % 4 != 0 for i in range(n_layers))
-
-
-def _phi3(arch: str, get, wanted: int | None) -> dict[str, Any]:
-    """Phi-3's sliding window and LongRoPE. Like llama.cpp, the factors follow the context the
-    model is loaded for: the short ones within the original context (the default: the range
-    on-device prompts live in, and transformers' choice for them), the long ones beyond it."""
-    if arch != "phi3":
-        return {}
-    window = int(get("attention.sliding_window", 0) or 0)
-    fields: dict[str, Any] = {"sliding_window": window or None}
-    original = get("rope.scaling.original_context_length")
-    if original is not None:
-        original, full = int(original), int(get("context_length", original))
-        kind = "long" if wanted is not None and wanted > original else "short"
-        fields["longrope"] = (original, float(get("rope.scaling.attn_factor", 1.0)), kind)
-        fields["context_length"] = full if kind == "long" else min(full, original)
-        listed = get(f"rope.scaling.{kind}_factor")
-        fields["longrope_factors"] = None if listed is None else tuple(float(x) for x in listed)
-    return fields
+        return cls(**(fields | families.get(arch).runtime(get, context_length)))
 
 
 def _llama3_rope(get) -> tuple[float, float, float, int] | None:
@@ -200,7 +172,7 @@ class Llama(Module):
     def __init__(self, cfg: LlamaConfig, w: Weights):
         self.config = cfg
         # llama.cpp interleaves Llama q/k rows; Qwen2 GGUFs and HF checkpoints keep HF's order
-        permuted = cfg.architecture in PERMUTED_QK and not cfg.hf_qk_layout
+        permuted = families.get(cfg.architecture).permuted_qk and not cfg.hf_qk_layout
         self.lm_head = w.linear("output.weight" if w.has("output.weight") else "token_embd.weight")
         self.embed = w.embedding("token_embd.weight", tied_head=None if w.has("output.weight") else self.lm_head)
         self.blocks = list(Block(cfg, w, i, permuted) for i in range(cfg.n_layers))

@@ -121,7 +121,7 @@ class FusedDecoder:
         self.prompt_path = has_torch() and (not self.prompt_gemm or "amx_bf16" in cpu_features())
 
     def takes_prompt(self, tokens: int) -> bool:
-        """Whether a prompt (or its rest) of `tokens` goes in as pieces of this step (generator.prefill's
+        """Whether a prompt (or its rest) of `tokens` goes in as pieces of this step (passes.prefill's
         choice): a short one, where pieces win, and any where the prompt GEMMs are native or PyTorch is
         missing."""
         return tokens <= self.prompt_tokens or not self.prompt_path
