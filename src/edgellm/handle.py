@@ -22,6 +22,7 @@ class Request:
     chat: bool = False
     timeout_s: float = 15.0
     tools: list[dict] | None = None  # OpenAI tool definitions the chat prompt shows
+    warmup: bool = False  # the server's own warm-up after start, not a client's (left out of the metrics)
 
 
 class Handle:

@@ -43,7 +43,7 @@ class ModelInfo:
     parameters: int
     tensor_types: dict[str, int]  # GGML type name -> tensor count
     context_length: int
-    kv_bytes_per_token: int  # fp32 K and V over the layers that grow with the context
+    kv_bytes_per_token: int  # K and V at the default KV precision (f16) over the layers that grow with the context
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -125,7 +125,8 @@ def test_unknown_fields_are_ignored(server):
 
 def test_bad_json_bad_utf8_unknown_model_and_overflow(server):
     url = server.url + "/v1/chat/completions"
-    assert httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
+    r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("the request body is not valid JSON")
     bad_utf8 = b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "\xff\xfe"}]}'
     assert httpx.post(url, content=bad_utf8, headers={"content-type": "application/json"}).status_code == 400
     r = httpx.post(url, json={"model": "gpt-4", "messages": CHAT})
@@ -214,6 +215,7 @@ def test_warmup_runs_in_the_background_after_start(server_factory):
     while 'edgellm_warmups_total{outcome="done"} 1.0' not in httpx.get(server.url + "/metrics").text:
         assert time.time() < deadline, "warmup did not run"
         time.sleep(0.1)
+    assert "edgellm_requests_total{" not in httpx.get(server.url + "/metrics").text  # no client's request yet
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2"])

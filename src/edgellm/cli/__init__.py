@@ -3,6 +3,8 @@ non-zero exit code; the table below is the one place that maps them."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import Sequence
 
@@ -178,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`edgellm plan | head -1`): stop quietly, as `cat` would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not fail again
+        return 128 + signal.SIGPIPE
     except Exception as error:  # noqa: BLE001 - translated below, re-raised if not ours
         if isinstance(error, ModuleNotFoundError) and ToolsNeeded.of(error) is not None:
             error = ToolsNeeded.of(error)

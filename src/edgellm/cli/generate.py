@@ -104,6 +104,9 @@ def _kv_config(args: argparse.Namespace):
         return None
     from edgellm.planner import parse_bytes
 
+    smallest = KVConfig.sinks + 2 * KVConfig.block_size
+    if args.kv_window is not None and args.kv_window < smallest:
+        raise InvalidRequest(f"--kv-window must be at least {smallest} tokens (the attention sinks and two KV blocks)")
     config = KVConfig(max_tokens=args.kv_window, prefix_cache_bytes=None if prefix is None else parse_bytes(prefix))
     if args.kv_precision:
         k, v = split_precision(args.kv_precision)

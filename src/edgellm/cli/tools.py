@@ -25,7 +25,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows = [("file", info.path), ("name", info.name), ("architecture", info.architecture),
             ("file size", f"{info.file_bytes / 2**20:.1f} MiB"), ("parameters", f"{info.parameters / 1e6:.1f} M"),
             ("tensor types", types), ("context length", str(info.context_length)),
-            ("KV bytes per token", f"{info.kv_bytes_per_token} (fp32 K+V, layers that grow with the context)"),
+            ("KV bytes per token", f"{info.kv_bytes_per_token} (f16 K+V, the default, over the layers that grow with the context)"),
             ("kernels", kernels.describe() + " (this CPU; EDGELLM_ISA picks another variant)")]
     for key, value in rows:
         print(f"{key:>20}  {value}")
@@ -238,9 +238,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from edgellm.cli.generate import load_model
     from edgellm.server.app import create_app
 
+    from edgellm.errors import InvalidRequest
     from edgellm.profile import DeviceProfile, load_profile
 
     profile = load_profile(args.profile) if args.profile else DeviceProfile()
+    if args.timeout is not None and args.timeout <= 0:
+        raise InvalidRequest(f"--timeout must be more than 0 seconds, got {args.timeout}")
     # Explicit flags win over the profile.
     from edgellm.threads import default_threads, free_cores
 
@@ -267,7 +270,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fallback = load(args.fallback_model, threads=args.threads)
     app = create_app(model, model_id=args.model, api_key=args.api_key, thermal=thermal,
                      queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
-                     timeout_s=args.timeout or profile.timeout_s, log_text=args.log_text,
+                     timeout_s=profile.timeout_s if args.timeout is None else args.timeout, log_text=args.log_text,
                      warmup_delay_s=profile.warmup_delay_s, max_batch=profile.max_batch,
                      start_engine=False, fallback_model=fallback)
     print(f"serving {args.model} ({profile.name} profile) on http://{args.host}:{args.port}/v1", file=sys.stderr)

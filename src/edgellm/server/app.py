@@ -112,6 +112,8 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
     metrics = Metrics()
 
     def finished(handle: Handle, done: Completion) -> None:
+        if handle.request.warmup:
+            return
         t = done.timings
         metrics.requests.labels(done.finish_reason).inc()
         metrics.timeouts.inc() if done.finish_reason == "timeout" else None
@@ -147,8 +149,11 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError):
         first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         metrics.errors.labels("400").inc()
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            reason = (first.get("ctx") or {}).get("error", "JSON decode error")
+            return _error_response(APIError(400, f"the request body is not valid JSON ({reason})", "invalid_request_error"))
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return _error_response(APIError(400, f"invalid request: {where}: {first.get('msg', 'bad value')}",
                                         "invalid_request_error"))
 
@@ -310,7 +315,7 @@ def _schedule_warmup(service: Service, metrics: Metrics, delay_s: float | None):
             metrics.warmups.labels("skipped").inc()
             return
         try:
-            for _ in service.submit(ServiceRequest("Hello", {"max_tokens": 4, "temperature": 0.0})):
+            for _ in service.submit(ServiceRequest("Hello", {"max_tokens": 4, "temperature": 0.0}, warmup=True)):
                 pass
             metrics.warmups.labels("done").inc()
         except Exception:  # busy already: real traffic warms it
