@@ -8,11 +8,11 @@ from importlib.util import find_spec
 
 import pytest
 
-from edgellm.bench.runner import _ratios, _summarize
+from edgellm.entrypoints.bench.runner import _ratios, _summarize
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgellm.cli", "bench", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgellm", "bench", *args], capture_output=True, text=True,
                           timeout=600)
 
 
@@ -86,7 +86,7 @@ def test_bench_against_llama_cpp(smollm2_path):
 
 
 def test_bench_architectures_times_each_family_per_weight_byte_against_llama():
-    from edgellm.bench.architectures import architecture_report
+    from edgellm.entrypoints.bench.architectures import architecture_report
 
     report = architecture_report(("llama", "qwen3", "phi3", "gemma2"), layers=1, rounds=1)
     rows = report["architectures"]
@@ -99,7 +99,7 @@ def test_bench_architectures_times_each_family_per_weight_byte_against_llama():
 
 def test_bench_speculative_compares_each_prompt_against_plain_decoding(smollm2_path, tmp_path):
     import edgellm
-    from edgellm.bench.speculative import _compare, format_speculative
+    from edgellm.entrypoints.bench.speculative import _compare, format_speculative
 
     copy = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog near the river bank. " * 3
              + "Repeat the text above word for word."}]
@@ -111,7 +111,7 @@ def test_bench_speculative_compares_each_prompt_against_plain_decoding(smollm2_p
                                 "workloads": {"lookup": result, "self": result | {"early_exit_agreement": {15: 0.1},
                                                                                   "layers": 30}}})
     assert "geometric mean" in table and "15/30 layers 10%" in table
-    from edgellm.bench.speculative import plot_speculative
+    from edgellm.entrypoints.bench.speculative import plot_speculative
 
     png = plot_speculative({"model": "m", "gen_tokens": 24, "workloads": {"lookup": result}}, tmp_path / "spec.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import edgellm
-from edgellm.bench.shapes import SHAPES, Shape, parameter_count, tensor_shapes, write_random_q8_0
-from edgellm.bench.sizes import decode_bytes, read_bandwidth
-from edgellm.formats.gguf import open_gguf
+from edgellm.entrypoints.bench.shapes import SHAPES, Shape, parameter_count, tensor_shapes, write_random_q8_0
+from edgellm.entrypoints.bench.sizes import decode_bytes, read_bandwidth
+from edgellm.io.gguf import open_gguf
 from edgellm.models.native.decoder import FusedDecoder
 from edgellm import kernels
 from edgellm.models.native.structs import linears, projection, weight_parts
@@ -93,7 +93,7 @@ def test_read_bandwidth_is_measured_per_thread_count():
 
 
 def _sizes(*args: str, cache) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgellm.cli", "bench", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgellm", "bench", *args], capture_output=True, text=True,
                           timeout=900, env={**__import__("os").environ, "EDGELLM_CACHE": str(cache)})
 
 

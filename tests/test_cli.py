@@ -11,7 +11,7 @@ import pytest
 
 
 def edgellm(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgellm", *args], capture_output=True, text=True,
                           input=input, timeout=300)
 
 
@@ -102,8 +102,8 @@ def test_bad_flag_is_an_argparse_error():
 
 def test_the_command_line_parses_its_arguments_without_torch():
     """`edgellm --help` and a bad flag answer at once: torch (~1 s) is imported by the command that needs it."""
-    done = subprocess.run([sys.executable, "-c", "import sys, edgellm.cli\n"
-                           "edgellm.cli.build_parser().parse_args(['run', 'hi'])\nprint('torch' in sys.modules)"],
+    done = subprocess.run([sys.executable, "-c", "import sys, edgellm.entrypoints.cli\n"
+                           "edgellm.entrypoints.cli.build_parser().parse_args(['run', 'hi'])\nprint('torch' in sys.modules)"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr
 
@@ -160,8 +160,8 @@ def test_info_run_quantize_and_eval_work_on_every_architecture(arch, tmp_path):
 FROZEN = """
 import gc, sys
 import edgellm
-from edgellm.cli import build_parser
-from edgellm.cli.generate import load_model
+from edgellm.entrypoints.cli import build_parser
+from edgellm.entrypoints.cli.generate import load_model
 edgellm.load(sys.argv[1]).close()
 library = gc.get_freeze_count()
 load_model(build_parser().parse_args(["run", "hi", "--model", sys.argv[1]]))
@@ -182,7 +182,7 @@ def test_a_commands_model_leaves_the_collectors_scans_and_a_librarys_does_not(sm
 
 COMMAND_PASSES = """
 import gc, sys
-from edgellm.cli import main
+from edgellm.entrypoints.cli import main
 passes = []
 gc.callbacks.append(lambda phase, info: passes.append(info["generation"]) if phase == "start" else None)
 code = main(["run", "Hello", "-n", "2", "--model", sys.argv[1]])

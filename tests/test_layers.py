@@ -14,21 +14,20 @@ ROOT = Path(edgellm.__file__).parent
 
 # bottom to top: an entry may import entries of its own layer or of the layers below
 LAYERS = [
-    ["errors", "extras", "atomic", "threads", "module", "registry", "profile", "memory"],
+    ["errors", "extras", "atomic", "threads", "module", "registry", "memory"],
     ["families"],  # one module per model family: names, conventions, quirks (no arithmetic)
     ["kernels"],  # the C kernels and their bindings
     ["quant"],  # weight formats, quantized linears
-    ["formats"],  # file readers: GGUF, safetensors, Hugging Face folders, the pack cache
-    ["tokenizer", "chat_messages", "tool_calls", "chat_template"],
+    ["io"],  # file readers: GGUF, safetensors, Hugging Face folders, the pack cache
+    ["tokenizer"],  # and chat/: templates, messages, tool-call formats
     ["kv"],
     ["lora"],
-    ["models"],  # one module per family, their layers, the native runner (models/native)
-    ["constrain", "generate", "evaluate"],
-    ["planner"],
-    ["model", "loader", "tasks", "__init__"],  # what an app imports
-    ["convert", "quantize"],
-    ["scheduler", "engine", "handle", "session", "service", "thermal"],
-    ["server", "bench", "cli"],
+    ["models"],  # the runners of the families, their layers, the native runner (models/native)
+    ["generation"],  # passes over the KV, the loop, sampling, speculative decoding, constrain/
+    ["api"],  # what an app imports: load, Model, tasks, the planner
+    ["tools"],  # quantize, convert, evaluate
+    ["serving"],  # service, scheduler, engine, handles, sessions, thermal, profiles
+    ["entrypoints", "__main__", "__init__"],  # cli/, http/, bench/; the package itself re-exports the api lazily
 ]
 RANK = {entry: i for i, layer in enumerate(LAYERS) for entry in layer}
 
@@ -120,4 +119,4 @@ def test_the_checks_see_a_cycle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     assert RANK[entry("edgellm.kernels.gemv")] < RANK[entry("edgellm.models.native.decoder")]
-    assert "edgellm.kernels.limits" in GRAPH["edgellm.scheduler"]
+    assert "edgellm.kernels.limits" in GRAPH["edgellm.serving.scheduler"]

@@ -10,7 +10,7 @@ import pytest
 import edgellm
 from edgellm.errors import InvalidRequest, OutOfMemoryBudget
 from edgellm.kv import KVConfig
-from edgellm.planner import parse_bytes, plan_file
+from edgellm.api.planner import parse_bytes, plan_file
 
 
 @pytest.mark.parametrize("text, value", [("1.5GB", int(1.5 * 2**30)), ("800MB", 800 * 2**20), ("512MiB", 512 * 2**20),
@@ -65,18 +65,18 @@ def test_request_over_the_kv_budget_is_refused_before_any_work(smollm2_path):
 
 
 def test_plan_cli(smollm2_path, gemma3_path):
-    ok = subprocess.run([sys.executable, "-m", "edgellm.cli", "plan", "--memory", "1GB", "--model", str(smollm2_path),
+    ok = subprocess.run([sys.executable, "-m", "edgellm", "plan", "--memory", "1GB", "--model", str(smollm2_path),
                          "--json"], capture_output=True, text=True)
     assert ok.returncode == 0 and json.loads(ok.stdout)["fits"] is True
-    no = subprocess.run([sys.executable, "-m", "edgellm.cli", "plan", "--memory", "500MB", "--model", "gemma3-270m"],
+    no = subprocess.run([sys.executable, "-m", "edgellm", "plan", "--memory", "500MB", "--model", "gemma3-270m"],
                         capture_output=True, text=True)
     assert no.returncode == 6 and "does NOT fit" in no.stdout and "smollm2-135m" in no.stdout
 
 
 def test_run_with_kv_flags(smollm2_path):
-    out = subprocess.run([sys.executable, "-m", "edgellm.cli", "run", "Hi", "--model", str(smollm2_path), "-n", "4",
+    out = subprocess.run([sys.executable, "-m", "edgellm", "run", "Hi", "--model", str(smollm2_path), "-n", "4",
                           "--kv-precision", "int8:int4", "--kv-window", "128"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    bad = subprocess.run([sys.executable, "-m", "edgellm.cli", "run", "Hi", "--kv-precision", "int3"],
+    bad = subprocess.run([sys.executable, "-m", "edgellm", "run", "Hi", "--kv-precision", "int3"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "int3" in bad.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgellm.errors import InvalidRequest
-from edgellm.profile import BUILT_IN, load_profile
+from edgellm.serving.profile import BUILT_IN, load_profile
 
 
 @pytest.mark.parametrize("name", BUILT_IN)

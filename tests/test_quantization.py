@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import edgellm
-from edgellm.cli import main
-from edgellm.convert import convert_to_hf
+from edgellm.entrypoints.cli import main
+from edgellm.tools.convert import convert_to_hf
 from edgellm.errors import InvalidRequest, ModelFormatError, UnsupportedModel
-from edgellm.evaluate import evaluate
-from edgellm.formats.quantized import QuantizedFile
-from edgellm.quantize import quantize_model
+from edgellm.tools.evaluate import evaluate
+from edgellm.io.quantized import QuantizedFile
+from edgellm.tools.quantize import quantize_model
 
 CALIBRATION = edgellm.__file__.replace("__init__.py", "data/calibration.txt")
 
@@ -179,7 +179,7 @@ def test_damaged_files_are_refused(quality, tmp_path):
 
 
 def _rewrite_metadata(src, dst, **changes) -> None:
-    from edgellm.formats.safetensors import SafetensorsFile, write_safetensors
+    from edgellm.io.safetensors import SafetensorsFile, write_safetensors
 
     with SafetensorsFile(src) as f:
         tensors = {n: f.tensor(n).clone() for n in f.entries if not n.startswith("__pad__")}
@@ -211,7 +211,7 @@ def test_a_failed_quantize_never_replaces_a_good_file(quality, smol_hf, monkeypa
     def broken_write(path, tensors, metadata):
         open(path, "wb").write(b"half a file")
         raise OSError("disk full")
-    monkeypatch.setattr("edgellm.formats.quantized.write_safetensors", broken_write)
+    monkeypatch.setattr("edgellm.io.quantized.write_safetensors", broken_write)
     with pytest.raises(OSError):
         quantize_model(smol_hf, good, "int8")
     assert good.read_bytes() == before

@@ -12,14 +12,14 @@ import pytest
 
 import edgellm
 from edgellm.errors import InvalidRequest
-from edgellm.tasks import classify, extract, summarize
+from edgellm.api.tasks import classify, extract, summarize
 
 INTENTS = Path(__file__).parent / "data" / "intents.jsonl"
 LABELS = "billing,bug,other"
 
 
 def edgellm_cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgellm", *args], capture_output=True, text=True,
                           input=input, timeout=600)
 
 

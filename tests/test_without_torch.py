@@ -34,7 +34,7 @@ def core_env(tmp_path_factory) -> dict[str, str]:
 
 
 def edgellm(env: dict[str, str] | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgellm.cli", *args], env=env, input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "edgellm", *args], env=env, input=stdin, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -146,7 +146,7 @@ def core_server(core_env, adapter):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "edgellm.cli", "serve", "--port", str(port), "--speculative", "lookup",
+    server = subprocess.Popen([sys.executable, "-m", "edgellm", "serve", "--port", str(port), "--speculative", "lookup",
                                "--lora", f"polish={adapter}"],
                               env=core_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/v1"

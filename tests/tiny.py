@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from edgellm import families
-from edgellm.formats.hf_names import gguf_name, hf_name
+from edgellm.io.hf_names import gguf_name, hf_name
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, LAYERS = 64, 4, 2, 16, 128, 96, 2
 

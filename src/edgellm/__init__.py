@@ -13,9 +13,10 @@ from edgellm.errors import (ContextOverflow, EdgeLLMError, InvalidRequest, Model
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load": "edgellm.loader", "Model": "edgellm.model", "ModelInfo": "edgellm.model",
-    "Completion": "edgellm.generate", "SamplingParams": "edgellm.generate",
-    "Timings": "edgellm.generate", "TokenEvent": "edgellm.generate",
+    "load": "edgellm.api.loader", "Model": "edgellm.api.model", "ModelInfo": "edgellm.api.model",
+    "Completion": "edgellm.generation", "SamplingParams": "edgellm.generation",
+    "Timings": "edgellm.generation", "TokenEvent": "edgellm.generation",
+    "Service": "edgellm.serving.service", "Session": "edgellm.serving.session",
 }
 __all__ = ["ContextOverflow", "EdgeLLMError", "InvalidRequest", "ModelFormatError", "ModelNotFound",
            "UnsupportedModel", *_LAZY]

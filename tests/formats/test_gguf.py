@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgellm.errors import ModelFormatError
-from edgellm.formats.gguf import open_gguf
+from edgellm.io.gguf import open_gguf
 from edgellm.quant.ggml import GGMLType
 
 
@@ -74,7 +74,7 @@ def _vocab(n: int = 1500) -> list[bytes]:
 def string_walk(request, monkeypatch):
     """Long string arrays walked by the native library, or by the Python loop used without one."""
     if request.param == "python":
-        monkeypatch.setattr("edgellm.formats.gguf.gguf_string_ends", lambda *args: None)
+        monkeypatch.setattr("edgellm.io.gguf.gguf_string_ends", lambda *args: None)
     return request.param
 
 
@@ -191,7 +191,7 @@ def test_real_models_parse(smollm2_path, gemma3_path):
 def test_packed_strings_round_trip_and_refuse_bad_offsets():
     import numpy as np
 
-    from edgellm.formats.strings import StringArray, pack_strings
+    from edgellm.io.strings import StringArray, pack_strings
 
     words = ["héllo", "", "wörld", "😀"]
     blob, offsets = pack_strings(words)

@@ -14,7 +14,7 @@ import torch
 
 import edgellm
 from edgellm import kernels
-from edgellm.formats.pack import cache_path, wait_for_writes
+from edgellm.io.pack import cache_path, wait_for_writes
 from edgellm.quant.linear import Int4Linear
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edgellm.errors import ModelFormatError
-from edgellm.formats.safetensors import PAD_PREFIX, SafetensorsFile, write_safetensors
+from edgellm.io.safetensors import PAD_PREFIX, SafetensorsFile, write_safetensors
 
 
 def test_written_files_are_aligned_standard_safetensors(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 import edgellm
-from edgellm import constrain
-from edgellm.constrain import InvalidConstraint
+from edgellm.generation import constrain
+from edgellm.generation.constrain import InvalidConstraint
 from edgellm.kv import KVConfig
 
 

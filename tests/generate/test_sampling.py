@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgellm.errors import InvalidRequest
-from edgellm.generate.sampling import (NothingToDraw, Sampler, SamplingParams, apply_repetition_penalty, greedy,
+from edgellm.generation.sampling import (NothingToDraw, Sampler, SamplingParams, apply_repetition_penalty, greedy,
                                        keep_min_p, keep_top_k, keep_top_p, softmax)
 
 LOGITS = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
@@ -193,7 +193,7 @@ def test_the_whole_vocabulary_draw_never_picks_a_masked_token():
 
 
 def test_without_kernels_sampling_takes_numpys_path(monkeypatch):
-    from edgellm.generate import sampling
+    from edgellm.generation import sampling
     monkeypatch.setattr(sampling, "library", lambda: None)
     sampler = Sampler(SamplingParams(temperature=1.5, top_k=2, seed=3))
     assert {sampler(LOGITS, []) for _ in range(200)} == {0, 4}
@@ -222,7 +222,7 @@ def test_candidates_of_logits_the_kernels_cannot_read_are_left_to_numpy():
 
 
 def test_logits_with_nothing_left_to_draw_fail_on_either_path(monkeypatch):
-    from edgellm.generate import sampling
+    from edgellm.generation import sampling
 
     sampler = Sampler(SamplingParams(temperature=1.0, seed=1))
     with pytest.raises(NothingToDraw):

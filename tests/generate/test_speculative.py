@@ -13,8 +13,8 @@ import torch
 
 import edgellm
 from edgellm.errors import DraftMismatch, InvalidRequest, OutOfMemoryBudget
-from edgellm.generate.drafters import PromptLookup
-from edgellm.generate.speculative import JUDGE_AFTER, AdaptiveSpeculation, SpeculationCosts
+from edgellm.generation.drafters import PromptLookup
+from edgellm.generation.speculative import JUDGE_AFTER, AdaptiveSpeculation, SpeculationCosts
 from edgellm.kv.cache import RingCache
 from edgellm.kv.codecs import codec
 

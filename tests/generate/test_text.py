@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgellm.generate.text import IncrementalDetokenizer, StopMatcher
+from edgellm.generation.text import IncrementalDetokenizer, StopMatcher
 
 
 def _run_stops(stops, pieces):

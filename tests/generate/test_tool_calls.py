@@ -8,9 +8,9 @@ import json
 import pytest
 
 import edgellm
-from edgellm.constrain import InvalidConstraint
-from edgellm.constrain.tools import tool_request
-from edgellm.tool_calls import GENERIC, HERMES, LLAMA3, ToolCallStream
+from edgellm.generation.constrain import InvalidConstraint
+from edgellm.generation.constrain.tools import tool_request
+from edgellm.tokenizer.chat.tool_calls import GENERIC, HERMES, LLAMA3, ToolCallStream
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
@@ -92,7 +92,7 @@ def test_a_tool_round_trip_ends_in_an_answer(smollm2):
 @pytest.mark.parametrize("template, expected", [("Qwen-Qwen2.5-7B-Instruct", "hermes"),
                                                 ("meta-llama-Llama-3.2-3B-Instruct", "llama3")])
 def test_a_template_with_its_own_tool_format_renders_tools_and_gets_calls_in_it(smollm2, template, expected):
-    from edgellm.chat_template import ChatTemplate
+    from edgellm.tokenizer.chat.template import ChatTemplate
     from tests.llama_fixtures import models_dir
 
     own = smollm2.template

@@ -13,7 +13,7 @@ import torch
 
 import edgellm
 from edgellm import kernels
-from edgellm.generate.passes import decode_step
+from edgellm.generation.passes import decode_step
 from edgellm.models.native.decoder import MAX_SEQS, _NativeHead, fused_step, native_prompt_tokens
 from edgellm.kv import BatchKV, KVConfig, RingCache
 from edgellm.kv.codecs import CODECS
@@ -302,7 +302,7 @@ def test_a_short_prompt_goes_natively_in_pieces_with_the_prompt_paths_logits(nam
     """A prompt of at most the decoder's prompt_tokens runs as pieces of up to MAX_SEQS rows of the
     native step (prefill), every row's logits as the PyTorch layers give them, and the next decode
     steps from that cache agree as well."""
-    from edgellm.generate.passes import prefill
+    from edgellm.generation.passes import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model:
         net = model.net
@@ -398,7 +398,7 @@ def test_a_shared_prefix_pages_are_described_once_for_every_sequence_that_holds_
     tables once (models/native/caches.py keeps the rows while the page lives), not again for each
     sequence's first step: a second sequence on the same prefix describes only its own new pages,
     and its tables still point at exactly its pages."""
-    from edgellm.generate.passes import prefill
+    from edgellm.generation.passes import prefill
     from edgellm.models.native import caches as decode_caches
     from edgellm.models.native.structs import KVPage, KVSlots
 
@@ -432,8 +432,8 @@ def test_a_shared_prefix_pages_are_described_once_for_every_sequence_that_holds_
 def test_a_short_prompts_pieces_before_its_last_skip_the_head(smollm2_path, monkeypatch):
     """Of a short prompt's native pieces only the last goes through the head (Gemma 3's 262k-row head
     cost each earlier piece ~4 ms): one head call, and the same logits and KV as with every head run."""
-    from edgellm.generate import passes
-    from edgellm.generate.passes import prefill
+    from edgellm.generation import passes
+    from edgellm.generation.passes import prefill
 
     with edgellm.load(smollm2_path) as model, torch.inference_mode():
         net, heads = model.net, []
@@ -459,7 +459,7 @@ def test_a_newcomers_piece_that_does_not_end_its_prompt_skips_the_head_in_a_shar
     """decode_with_prompt_chunks: the decode row and a newcomer whose piece ends its prompt go through
     the head, a newcomer still mid-prompt through the layers only (its logits nobody reads); the
     logits and the KV written are those of the same call with every entry's row through the head."""
-    from edgellm.generate.generator import decode_with_prompt_chunks
+    from edgellm.generation.generator import decode_with_prompt_chunks
 
     with edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0)) as model, torch.inference_mode():
         net, heads, native_head = model.net, [], model.net.decoder._head
@@ -538,7 +538,7 @@ def test_a_prompt_goes_in_decode_sized_pieces_up_to_the_decoders_limit_and_in_ge
     through the PyTorch prompt path where this build has no int8 GEMM (or the CPU AMX); the limit is the variant's for
     the model's weights: SmolLM2's layers are all one plane of 4-bit codes, Gemma 3's Q4_K_M mixes in
     5- and 6-bit ones."""
-    from edgellm.generate.passes import prefill
+    from edgellm.generation.passes import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model, torch.inference_mode():
         net = model.net
@@ -586,7 +586,7 @@ def test_a_long_prompt_goes_in_gemm_pieces_with_the_prompt_paths_logits(name, re
     GEMMs (layer_ops.h prompt_gemm): every row's logits near the PyTorch prompt path's (its GEMMs in bf16
     or fp32: measured 1 % of a row's largest logit apart at the median, at most 3 %), a token's row bit for bit the same whichever piece it came in (a prompt whole or after a
     cached prefix), and prefill's last logits those of the whole run."""
-    from edgellm.generate.passes import prefill
+    from edgellm.generation.passes import prefill
 
     with edgellm.load(request.getfixturevalue(name)) as model:
         net = model.net

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from edgellm import kernels
-from edgellm.generate.sampling import greedy
+from edgellm.generation.sampling import greedy
 from edgellm.kernels.build import _sources, build, compiler, load
 from edgellm.kernels.isa import selected
 from tests.kernels.test_gemv import _int4

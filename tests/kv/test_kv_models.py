@@ -9,7 +9,7 @@ import torch
 
 import edgellm
 from edgellm.errors import KVStateMismatch
-from edgellm.generate.passes import prefill, prefill_chunk
+from edgellm.generation.passes import prefill, prefill_chunk
 from edgellm.kv import KVConfig
 from tests.agreement import agreement
 

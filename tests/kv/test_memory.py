@@ -2,7 +2,7 @@
 Each measurement runs in a fresh process (bench.memory_report)."""
 from __future__ import annotations
 
-from edgellm.bench.memory import kv_decode_speed, memory_report
+from edgellm.entrypoints.bench.memory import kv_decode_speed, memory_report
 
 MiB = 2**20
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import edgellm
-from edgellm.bench.memory import shared_prompt_kv
-from edgellm.generate import Completion
-from edgellm.generate.passes import prefill
+from edgellm.entrypoints.bench.memory import shared_prompt_kv
+from edgellm.generation import Completion
+from edgellm.generation.passes import prefill
 from edgellm.kv import KVConfig
-from edgellm.service import Request, Service
+from edgellm.serving.service import Request, Service
 
 SYSTEM = ("You are a careful assistant for a lighthouse maintenance team. " * 24).strip()  # ~9 blocks
 BLOCK = 32

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from edgellm.errors import ModelFormatError
-from edgellm.formats.gguf import open_gguf
+from edgellm.io.gguf import open_gguf
 from edgellm.lora.adapter import PROJECTIONS, AdapterMismatch, load_adapter
 from edgellm.models.llama import LlamaConfig
 from tests.tiny import LAYERS, VOCAB, hf_model, random_weights, write_gguf

@@ -12,7 +12,7 @@ import torch
 
 import edgellm
 from edgellm.errors import ModelNotFound
-from edgellm.generate.passes import decode_step
+from edgellm.generation.passes import decode_step
 from edgellm.lora.peft_io import random_adapter
 
 PROMPT = [{"role": "user", "content": "Write a short poem about the sea."}]
@@ -109,7 +109,7 @@ def test_an_adapter_unloaded_mid_request_stays_with_that_request(model, adapters
 
 
 def test_the_planner_pays_for_resident_adapters_first(smollm2_path, adapters, capsys):
-    from edgellm.cli import main
+    from edgellm.entrypoints.cli import main
     from edgellm.lora.adapter import resident_bytes
 
     resident = sum(resident_bytes(p) for p in adapters.values())
@@ -215,6 +215,6 @@ def test_self_speculation_under_an_adapter_drafts_under_it_and_keeps_plain_token
 
 
 def plain_params():
-    from edgellm.generate import SamplingParams
+    from edgellm.generation import SamplingParams
 
     return SamplingParams(max_tokens=32)

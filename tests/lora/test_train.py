@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import edgellm
-from edgellm.cli import main
+from edgellm.entrypoints.cli import main
 from edgellm.lora.train import Example, TrainConfig, train
 from tests.lora.test_adapters import _peft_adapter
 from tests.tiny import hf_model, random_weights, write_gguf
@@ -108,7 +108,7 @@ def test_training_data_that_is_not_conversations_is_refused_with_its_line(tmp_pa
 @pytest.mark.slow
 def test_a_persona_trained_on_smollm2_shows_on_held_out_questions(smollm2_path, tmp_path):
     out = tmp_path / "squawk"
-    run = subprocess.run([sys.executable, "-m", "edgellm.cli", "lora", "train", "-m", str(smollm2_path), "--data",
+    run = subprocess.run([sys.executable, "-m", "edgellm", "lora", "train", "-m", str(smollm2_path), "--data",
                           "tests/data/squawk.jsonl", "--out", str(out), "--epochs", "2", "--lr", "2e-3",
                           "--checkpoint-every", "5", "-q"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -42,7 +42,7 @@ model = edgellm.load(sys.argv[1], kv=KVConfig(k_precision="int8", v_precision="i
 prompt = "The quick brown fox jumps over the lazy dog. " * 6  # more rows than the GEMV path takes
 with recorder:
     model.generate(prompt, max_tokens=3, ignore_eos=True)
-from edgellm.service import Service
+from edgellm.serving.service import Service
 service = Service(model, max_batch=4)
 with recorder:
     for session in [service.init(temperature=0) for _ in range(2)]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from edgellm import families
-from edgellm.formats.gguf import open_gguf
+from edgellm.io.gguf import open_gguf
 from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
 from edgellm.tokenizer import Tokenizer

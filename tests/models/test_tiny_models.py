@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from edgellm import families
-from edgellm.formats.gguf import open_gguf
+from edgellm.io.gguf import open_gguf
 from edgellm.kv import fresh_sequence
 from edgellm.models import build_model
 from tests.tiny import HEAD_DIM, LLAMA3_ROPE, VOCAB, hf_model, llama3_rope_freqs, random_weights, write_gguf
@@ -142,7 +142,7 @@ def test_native_decode_steps_match_the_pytorch_layers(arch, tmp_path):
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_a_hugging_face_folder_runs_exactly_like_transformers(arch, tmp_path):
-    from edgellm.formats.hf import HFFolder
+    from edgellm.io.hf import HFFolder
 
     weights = random_weights(arch)
     reference = hf_model(arch, weights)
@@ -159,7 +159,7 @@ def test_a_hugging_face_folder_runs_exactly_like_transformers(arch, tmp_path):
 
 def _folder_and_gguf(tmp_path, reference, arch: str, weights, **gguf_options):
     """The same weights opened as the saved transformers folder, then as a GGUF (llama.cpp's conventions)."""
-    from edgellm.formats.hf import HFFolder
+    from edgellm.io.hf import HFFolder
 
     reference.save_pretrained(tmp_path / "hf")
     path = write_gguf(tmp_path / "m.gguf", arch, weights, **gguf_options)

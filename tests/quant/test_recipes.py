@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgellm.formats.hf_names import hf_name
+from edgellm.io.hf_names import hf_name
 from edgellm.quant.recipes import BUILTIN, Recipe, fit_group
 from edgellm.quant.schemes import Scheme
 

@@ -9,7 +9,7 @@ import pytest
 import uvicorn
 
 import edgellm
-from edgellm.server.app import create_app
+from edgellm.entrypoints.http.app import create_app
 
 MODEL_ID = "smollm2-135m"
 

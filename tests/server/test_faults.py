@@ -118,7 +118,7 @@ def test_an_internal_error_is_a_500_with_its_traceback_logged(server, caplog, mo
         raise ZeroDivisionError("boom")
 
     monkeypatch.setattr(server.app.state.service, "submit", broken)
-    with caplog.at_level(logging.ERROR, logger="edgellm.server"):
+    with caplog.at_level(logging.ERROR, logger="edgellm.entrypoints.http"):
         r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_ID, "prompt": "hi"}, timeout=30)
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     logged = "\n".join(rec.getMessage() for rec in caplog.records)

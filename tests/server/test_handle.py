@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from edgellm.handle import DONE, Handle, Request
+from edgellm.serving.handle import DONE, Handle, Request
 
 
 def _put_later(handle: Handle, events: list, delay_s: float) -> threading.Thread:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from edgellm.errors import ContextOverflow, InvalidRequest, OutOfMemoryBudget
-from edgellm.scheduler import (Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest, StepBudget,
+from edgellm.serving.scheduler import (Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest, StepBudget,
                                next_step, plan_request, turns_to_drop)
 
 BYTES_PER_TOKEN = {"f16": 100, "int8": 50, "int4": 25}

@@ -6,9 +6,9 @@ import asyncio
 import pytest
 
 import edgellm
-from edgellm.generate import Completion
+from edgellm.generation import Completion
 from edgellm.kv import KVConfig
-from edgellm.service import Request, Service
+from edgellm.serving.service import Request, Service
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_a_burst_of_short_prompts_joins_in_shared_calls_and_reads_as_alone(smoll
 
 
 def test_a_newcomer_whose_sampling_fails_ends_alone_in_a_shared_call(smollm2_path, monkeypatch):
-    from edgellm.generate.generator import Generation
+    from edgellm.generation.generator import Generation
 
     model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
     alone = [model.generate(p, max_tokens=10).token_ids for p in BURST]
@@ -180,7 +180,7 @@ def test_unknown_fallback_name_is_rejected(service):
 
 
 def test_throughput_mode_throttles_while_hot(smollm2_path, tmp_path):
-    from edgellm.thermal import ThermalGovernor
+    from edgellm.serving.thermal import ThermalGovernor
 
     sensor = tmp_path / "temp"
     sensor.write_text("40")
@@ -214,8 +214,8 @@ def test_fallbacks_apply_in_throughput_mode_too(smollm2_path):
 
 
 def test_a_long_prompt_is_prefilled_between_the_decode_steps_of_a_running_stream(smollm2_path):
-    from edgellm.generate import TokenEvent
-    from edgellm.scheduler import StepBudget
+    from edgellm.generation import TokenEvent
+    from edgellm.serving.scheduler import StepBudget
 
     model = edgellm.load(smollm2_path, kv=KVConfig(prefix_cache_bytes=0))
     prompt = "The harbour light turns. " * 150

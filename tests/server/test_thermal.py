@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from edgellm.thermal import ThermalGovernor
+from edgellm.serving.thermal import ThermalGovernor
 from tests.server.conftest import MODEL_ID
 
 
@@ -35,7 +35,7 @@ def test_hot_device_throttles_decode_and_switches_kv_precision(server_factory, s
     """While hot, the engine stretches every decode step to the cool step time / rate_scale (it sleeps
     the difference: checked by what it asks to sleep, not by the clock, since a request's wall time
     is mostly HTTP and prefill on a fast CPU) and serves with the fallback KV precision."""
-    from edgellm import service
+    from edgellm.serving import service
 
     sensor = tmp_path / "temp"
     sensor.write_text("45")

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from edgellm.chat_messages import validate_messages
-from edgellm.chat_template import ChatTemplate
+from edgellm.tokenizer.chat.messages import validate_messages
+from edgellm.tokenizer.chat.template import ChatTemplate
 from edgellm.errors import InvalidRequest, TokenizerError
-from edgellm.formats.gguf import open_gguf
+from edgellm.io.gguf import open_gguf
 from edgellm.tokenizer import Tokenizer
 from tests.llama_fixtures import models_dir
 

@@ -9,9 +9,9 @@ import pytest
 
 import edgellm
 from edgellm.tokenizer import build as tokenizer_build
-from edgellm.chat_template import GEMMA_TEMPLATE, ChatTemplate
+from edgellm.tokenizer.chat.template import GEMMA_TEMPLATE, ChatTemplate
 from edgellm.errors import InvalidRequest, TokenizerError
-from edgellm.formats.gguf import open_gguf
+from edgellm.io.gguf import open_gguf
 from edgellm.tokenizer import Tokenizer
 
 CORPUS = [

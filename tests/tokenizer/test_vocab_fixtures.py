@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from edgellm.errors import TokenizerError
-from edgellm.formats.gguf import open_gguf
+from edgellm.io.gguf import open_gguf
 from edgellm.tokenizer import Tokenizer
 from tests.llama_fixtures import models_dir, transformers_tokenizer, vocab_cases
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from edgellm.atomic import atomic_path
 from edgellm.errors import KVStateMismatch, ModelFormatError
-from edgellm.formats.safetensors import SafetensorsFile, write_safetensors
+from edgellm.io.safetensors import SafetensorsFile, write_safetensors
 from edgellm.kv.manager import KVManager
 
 FORMAT = "edgellm-kv-prefix/1"

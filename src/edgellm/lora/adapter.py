@@ -172,12 +172,12 @@ def resident_bytes(path: str | Path, mode: str = "fast") -> int:
     planner, before anything loads."""
     path = Path(path)
     if path.is_dir():
-        from edgellm.formats.safetensors import SafetensorsFile
+        from edgellm.io.safetensors import SafetensorsFile
 
         with SafetensorsFile(path / "adapter_model.safetensors") as f:
             shapes = [e.shape for e in f.entries.values()]
     elif path.is_file():
-        from edgellm.formats.gguf import GGUFFile
+        from edgellm.io.gguf import GGUFFile
 
         with GGUFFile(path) as gguf:
             shapes = [info.shape for info in gguf.tensors.values()]
@@ -199,7 +199,7 @@ def _digest(pairs: dict[tuple[int, str], LoRAPair], scale: float) -> str:
 
 
 def _read_peft(folder: Path) -> tuple[int, float, dict]:
-    from edgellm.formats.safetensors import SafetensorsFile
+    from edgellm.io.safetensors import SafetensorsFile
 
     try:
         config = json.loads((folder / "adapter_config.json").read_text())
@@ -225,9 +225,9 @@ def _read_peft(folder: Path) -> tuple[int, float, dict]:
 
 
 def _read_gguf(path: Path, config: Any) -> tuple[int, float, dict]:
-    from edgellm.formats.gguf import GGUFFile
+    from edgellm.io.gguf import GGUFFile
     from edgellm import families
-    from edgellm.formats.hf_names import unpermute_rows
+    from edgellm.io.hf_names import unpermute_rows
     from edgellm.quant.ggml import float_vector
 
     with GGUFFile(path) as gguf:

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from edgellm.chat_messages import validate_messages
+from edgellm.tokenizer.chat.messages import validate_messages
 from edgellm.errors import InvalidRequest
 from edgellm.kv.cache import CAUSAL, SlidingCausal
 from edgellm.lora.adapter import PROJECTIONS, Adapter, LoRAPair, projection_shapes

@@ -20,7 +20,7 @@ import numpy as np
 from edgellm.extras import torch
 from edgellm.models.native.decoder import FusedDecoder, fused_step
 from edgellm import families
-from edgellm.formats.hf_names import unpermute_rows
+from edgellm.io.hf_names import unpermute_rows
 from edgellm.kv.config import LayerSpec
 from edgellm.lora.apply import LayerAdapters, RowAdapters, add_lora
 from edgellm.models.layers import (GatedMLP, RMSNorm, Rotary, as_tensors, attention, head_norms, llama3_rope_factors,

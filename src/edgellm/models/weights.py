@@ -81,7 +81,7 @@ class Weights:
             linear = BlockLinear([self._part(n, rows.get(n)) for n in names],  # the file's blocks (Q8_0 interleaved)
                                  drop_source=getattr(self.source, "drop_view", None))
             if self.cache is not None:
-                self.cache.put(key, linear)  # kept only where the parts are copies (formats/pack.py)
+                self.cache.put(key, linear)  # kept only where the parts are copies (io/pack.py)
             return linear
         if cached is not None:
             return cached

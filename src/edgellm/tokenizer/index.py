@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from edgellm.formats.strings import as_string_array
+from edgellm.io.strings import as_string_array
 
 # A string's hash: its UTF-8 bytes read as one little-endian integer, modulo a Mersenne prime
 # (small enough that numpy sums byte * 256^j mod p in uint64 without overflow). Equal hashes

@@ -1,4 +1,4 @@
-"""A model source's tokenizer: what the source (formats/) names, built here, so that the readers of
+"""A model source's tokenizer: what the source (io/) names, built here, so that the readers of
 files never import the tokenizers."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from edgellm.tokenizer import Tokenizer
 
 
 def load_tokenizer(source: Any) -> Tokenizer:
-    """The tokenizer a model source (formats/) carries: what its `tokenizer_files()` names (a GGUF
+    """The tokenizer a model source (io/) carries: what its `tokenizer_files()` names (a GGUF
     vocabulary, or a Hugging Face tokenizer.json and its config), else its own GGUF metadata's."""
     files = getattr(source, "tokenizer_files", None)
     spec = files() if files is not None else {"gguf_metadata": source.metadata}

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgellm.errors import TokenizerError
-from edgellm.formats.strings import as_string_array
+from edgellm.io.strings import as_string_array
 from edgellm.tokenizer.vocab import TokenType, Vocab
 
 SPIECE_SPACE = "\u2581"

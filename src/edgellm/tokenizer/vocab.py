@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from edgellm.errors import TokenizerError
-from edgellm.formats.strings import StringArray
+from edgellm.io.strings import StringArray
 
 class TokenType(IntEnum):
     """llama.cpp's tokenizer.ggml.token_type values."""

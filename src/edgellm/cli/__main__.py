@@ -1,5 +1,0 @@
-import sys
-
-from edgellm.cli import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from edgellm.entrypoints.cli import main
+
+sys.exit(main())

@@ -1,0 +1,371 @@
+"""The OpenAI-compatible routes. Errors leave in OpenAI's JSON shape with the right status;
+logs carry request ids, sizes and timings, never prompt or completion text."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest, ModelNotFound, type_and_stack
+from edgellm.generation import Completion, TokenEvent
+from edgellm.memory import peak_rss_bytes
+from edgellm.entrypoints.http.adapters import add_adapter_routes, model_entry, resolve
+from edgellm.entrypoints.http.metrics import Metrics
+from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
+from edgellm.entrypoints.http.structured import StreamedDeltas, Structure, chat_message, structure
+from edgellm.serving.handle import DONE, Handle, Request as ServiceRequest
+from edgellm.serving.service import Service
+
+log = logging.getLogger("edgellm.entrypoints.http")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str, code: str | None = None, headers: dict | None = None):
+        self.status, self.message, self.kind, self.code, self.headers = status, message, kind, code, headers or {}
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    body = {"error": {"message": error.message, "type": error.kind, "param": None, "code": error.code}}
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def _translate(error: BaseException) -> APIError:
+    """Our typed errors -> HTTP. Anything else is a bug: a 500, its traceback in the log
+    (exception type and stack only; the message may quote user text)."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, Busy):
+        return APIError(429, str(error), "rate_limit_exceeded", "busy", {"Retry-After": "1"})
+    if isinstance(error, ModelNotFound):
+        return APIError(404, str(error), "invalid_request_error", "model_not_found")
+    if isinstance(error, ContextOverflow):
+        return APIError(400, str(error), "invalid_request_error", "context_length_exceeded")
+    if isinstance(error, InvalidRequest):
+        return APIError(400, str(error), "invalid_request_error")
+    if isinstance(error, EdgeLLMError):
+        return APIError(503, str(error), "server_error", type(error).__name__)
+    log.error("internal error %s", type_and_stack(error))
+    return APIError(500, "internal error", "server_error")
+
+
+WARMUP_MIN_AVAILABLE = 512 * 2**20  # skip warmup when the device has less free memory than this
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming response checks its client is still there
+
+
+class _ClientWatch:
+    """Whether a client has hung up, asked of the server at most every DISCONNECT_POLL_S
+    (a streaming response learns it from Starlette; a waiting one must ask)."""
+
+    def __init__(self, request: Request):
+        self.request, self.checked = request, time.perf_counter()
+
+    async def gone(self) -> bool:
+        if time.perf_counter() - self.checked < DISCONNECT_POLL_S:
+            return False
+        self.checked = time.perf_counter()
+        return await self.request.is_disconnected()
+
+
+class _AuthAndLog:
+    """Checks the API key on /v1/ routes and logs one line per request: id, method, path,
+    status, size and time, never text."""
+
+    def __init__(self, app, api_key: str | None, metrics: Metrics):
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid, start, status = uuid.uuid4().hex[:12], time.perf_counter(), [0]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        path = scope.get("path", "")
+        if self.api_key and path.startswith("/v1/") and headers.get("authorization") != f"Bearer {self.api_key}":
+            self.metrics.errors.labels("401").inc()
+            response = _error_response(APIError(401, "invalid API key", "invalid_request_error", "invalid_api_key"))
+            return await response(scope, receive, send)
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            log.info("request %s %s %s status=%s bytes_in=%s %.3fs", rid, scope.get("method"), path, status[0],
+                     headers.get("content-length", "0"), time.perf_counter() - start)
+
+
+def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit: int = 3,
+               timeout_s: float = 15.0, log_text: bool = False, warmup_delay_s: float | None = None,
+               thermal=None, max_batch: int = 1, start_engine: bool = True,
+               fallback_model=None) -> FastAPI:
+    metrics = Metrics()
+
+    def finished(handle: Handle, done: Completion) -> None:
+        if handle.request.warmup:
+            return
+        t = done.timings
+        metrics.requests.labels(done.finish_reason).inc()
+        metrics.timeouts.inc() if done.finish_reason == "timeout" else None
+        if t.ttft_s > 0:
+            metrics.ttft.observe(t.ttft_s)
+        if t.decode_tokens_per_s > 0:
+            metrics.decode.observe(t.decode_tokens_per_s)
+        if t.prefill_tokens_per_s > 0:
+            metrics.prefill.observe(t.prefill_tokens_per_s)
+        metrics.queue_wait.observe(handle.queue_wait_s)
+        metrics.tokens.labels("prompt").inc(t.prompt_tokens)
+        metrics.tokens.labels("prompt_from_prefix_cache").inc(t.prefix_hit_tokens)
+        metrics.tokens.labels("completion").inc(t.completion_tokens)
+        if t.speculative:
+            metrics.speculative.labels("drafted").inc(t.drafted_tokens)
+            metrics.speculative.labels("accepted").inc(t.accepted_tokens)
+            metrics.passes.inc(t.target_passes)
+        for reason in handle.degraded:
+            metrics.degrades.labels(reason).inc()
+
+    service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished,
+                      thermal=thermal, max_batch=max_batch, start=start_engine,
+                      fallback_model=fallback_model)
+    app = FastAPI(title="edgellm", version="0.1.0")
+    app.state.service, app.state.metrics = service, metrics
+    app.state.warmup = _schedule_warmup(service, metrics, warmup_delay_s)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, error: APIError):
+        metrics.errors.labels(str(error.status)).inc()
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        metrics.errors.labels("400").inc()
+        if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+            reason = (first.get("ctx") or {}).get("error", "JSON decode error")
+            return _error_response(APIError(400, f"the request body is not valid JSON ({reason})", "invalid_request_error"))
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return _error_response(APIError(400, f"invalid request: {where}: {first.get('msg', 'bad value')}",
+                                        "invalid_request_error"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, error: StarletteHTTPException):
+        # Unknown routes, wrong methods, bodies that do not decode: the same OpenAI shape.
+        metrics.errors.labels(str(error.status_code)).inc()
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return _error_response(APIError(error.status_code, str(error.detail), kind))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, error: Exception):
+        api_error = _translate(error)
+        metrics.errors.labels(str(api_error.status)).inc()
+        return _error_response(api_error)
+
+    # A plain ASGI middleware, not @app.middleware("http"): that wrapper runs the response in
+    # another task, which kept a client's disconnect from reaching the streaming response.
+    app.add_middleware(_AuthAndLog, api_key=api_key, metrics=metrics)
+
+    add_adapter_routes(app, model, model_id, api_key,
+                       lambda status, message, code: APIError(status, message, "invalid_request_error", code))
+
+    async def submit(prompt: Any, body, chat: bool, asked: Structure) -> tuple[Handle, str]:
+        """The queued request's handle and the model id it answers as (base or base:adapter)."""
+        try:
+            answered, adapter = resolve(model, model_id, body.model, body.edgellm and body.edgellm.adapter)
+        except EdgeLLMError as error:
+            raise _translate(error) from None
+        picked = {} if adapter is None else {"adapter": adapter}  # the object: an unload meanwhile cannot fail it
+        request = ServiceRequest(prompt, body.sampling() | asked.sampling() | picked, chat, timeout_s,
+                                 tools=asked.tools)
+        try:  # tokenizing (and trimming a long conversation) runs off the event loop
+            handle = await anyio.to_thread.run_sync(service.submit, request)
+        except Busy as error:
+            metrics.busy.inc()
+            raise _translate(error) from None
+        except EdgeLLMError as error:
+            raise _translate(error) from None
+        metrics.queue_depth.set(service.queue_depth)
+        if log_text:
+            log.debug("prompt %r", prompt)
+        return handle, answered
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id, "queue_depth": service.queue_depth, "busy": service.busy}
+
+    @app.get("/metrics")
+    async def prometheus():
+        metrics.queue_depth.set(service.queue_depth)
+        metrics.kv_bytes.set(model.kv.pool.used_bytes)
+        metrics.prefix_bytes.set(model.kv.pool.used_bytes - model.kv.live_bytes)
+        metrics.peak_rss.set(peak_rss_bytes())
+        if thermal is not None:
+            state = thermal.state()
+            metrics.temperature.set(state.temperature_c if state.temperature_c is not None else float("nan"))
+            metrics.thermal_events.labels("throttle").set(thermal.throttle_events)
+            metrics.thermal_events.labels("restore").set(thermal.restore_events)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_entry(model_id)] + [model_entry(model_id, a) for a in model.adapters]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        messages = [m.plain() for m in body.messages]
+        asked = structure(body, model.template.tool_format)
+        return await _respond(*await submit(messages, body, True, asked), body, "chat.completion", request, asked)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        asked = structure(body, model.template.tool_format)
+        return await _respond(*await submit(body.prompt, body, False, asked), body, "text_completion", request, asked)
+
+    async def _respond(handle: Handle, answered: str, body, kind: str, request: Request, asked: Structure):
+        rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            try:  # the first event decides the status: a bad prompt is a 400, not a broken stream
+                first = await _next(handle, _ClientWatch(request))
+            except BaseException:
+                handle.cancel()
+                raise
+            return StreamingResponse(_sse(handle, first, rid, kind, include_usage, asked, answered),
+                                     media_type="text/event-stream")
+        done = await _wait(handle, request)
+        return _full_response(rid, kind, done, answered, asked) | {"edgellm": _report(handle, done)}
+
+    async def _next(handle: Handle, client: _ClientWatch | None = None):
+        """The handle's next event; a watched client that hung up meanwhile cancels it."""
+        while True:
+            try:
+                event = await handle.next_event_async(DISCONNECT_POLL_S)
+            except Exception as error:
+                raise _translate(error) from None
+            if client is not None and await client.gone():
+                handle.cancel()
+                raise APIError(499, "the client closed the connection", "invalid_request_error", "client_closed")
+            if event is not None:
+                return event
+
+    async def _wait(handle: Handle, request: Request) -> Completion:
+        client = _ClientWatch(request)
+        try:
+            while True:
+                event = await _next(handle, client)
+                if isinstance(event, Completion):
+                    return event
+        finally:
+            handle.cancel()
+
+    async def _sse(handle: Handle, first, rid: str, kind: str, include_usage: bool, asked: Structure,
+                   answered: str) -> AsyncIterator[str]:
+        created = int(time.time())
+        chat = kind == "chat.completion"
+        deltas = StreamedDeltas(asked)
+        try:
+            if chat:
+                yield _chunk(rid, created, answered, {"role": "assistant", "content": ""}, None, chat)
+            pending = first
+            while True:
+                try:
+                    event, pending = (pending, None) if pending is not None else (await _next(handle), None)
+                except APIError as error:
+                    yield f"data: {json.dumps({'error': {'message': error.message, 'type': error.kind}})}\n\n"
+                    return
+                if event is DONE:
+                    return
+                if isinstance(event, TokenEvent):
+                    for delta in deltas.push(event.text):
+                        yield _chunk(rid, created, answered, delta, None, chat)
+                    continue
+                held, finish_reason = deltas.finish(event.finish_reason)
+                for delta in deltas.push(event.tail) + held:
+                    yield _chunk(rid, created, answered, delta, None, chat)
+                yield _chunk(rid, created, answered, None, finish_reason, chat)
+                if include_usage:
+                    yield _usage_chunk(rid, created, answered, event, chat, _report(handle, event))
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            handle.cancel()  # a disconnected client frees its slot and KV now
+
+    return app
+
+
+def _schedule_warmup(service: Service, metrics: Metrics, delay_s: float | None):
+    """A short background inference after start, so the first real request finds kernels,
+    caches and pages warm; skipped when free memory is short."""
+    if delay_s is None:
+        return None
+
+    def warm() -> None:
+        import psutil
+
+        if psutil.virtual_memory().available < WARMUP_MIN_AVAILABLE:
+            metrics.warmups.labels("skipped").inc()
+            return
+        try:
+            for _ in service.submit(ServiceRequest("Hello", {"max_tokens": 4, "temperature": 0.0}, warmup=True)):
+                pass
+            metrics.warmups.labels("done").inc()
+        except Exception:  # busy already: real traffic warms it
+            metrics.warmups.labels("skipped").inc()
+
+    timer = threading.Timer(delay_s, warm)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _usage(done: Completion) -> dict:
+    t = done.timings
+    return {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+            "total_tokens": t.prompt_tokens + t.completion_tokens}
+
+
+def _full_response(rid: str, kind: str, done: Completion, model_id: str, asked: Structure) -> dict:
+    if kind == "chat.completion":
+        message, finish_reason = chat_message(done, asked)
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": done.finish_reason}
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model_id, "choices": [choice],
+            "usage": _usage(done)}
+
+
+def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: bool) -> str:
+    if chat:
+        delta = content if isinstance(content, dict) else ({"content": content} if content is not None else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_id,
+                "choices": [choice]}
+    else:
+        text = content["content"] if isinstance(content, dict) else content or ""  # a StreamedDeltas delta
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        body = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice]}
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _report(handle: Handle, done: Completion) -> dict:
+    """edgellm's per-request facts, beside OpenAI's fields (clients ignore unknown ones)."""
+    plan = handle.plan
+    return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
+            "kv_precision": plan.kv_precision if plan else None, "fallback_model": bool(plan and plan.fallback_model),
+            **({} if done.constraint_met is None else {"constraint_met": done.constraint_met}),
+            **done.timings.as_dict()}
+
+
+def _usage_chunk(rid: str, created: int, model_id: str, done: Completion, chat: bool, report: dict) -> str:
+    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model_id, "choices": [], "usage": _usage(done), "edgellm": report}
+    return f"data: {json.dumps(body)}\n\n"

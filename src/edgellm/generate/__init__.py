@@ -1,7 +1,0 @@
-"""Logits to text: sampling, stop strings, UTF-8-safe streaming, typed events."""
-from edgellm.generate.events import Completion, GenerationEvent, Timings, TokenEvent
-from edgellm.generate.generator import stream_generate
-from edgellm.generate.sampling import Sampler, SamplingParams
-
-__all__ = ["Completion", "GenerationEvent", "Sampler", "SamplingParams", "Timings", "TokenEvent",
-           "stream_generate"]
