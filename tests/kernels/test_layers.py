@@ -68,11 +68,11 @@ class _Layer:
         weights = [structs.projection(m) for m in (self.qkv, self.o, self.gate_up, self.down)]
         if gemma:
             ptrs = [n.data_ptr() for n in self.norms] + [n.data_ptr() for n in self.head_norms]
-            self.desc = structs.layer_struct(6)(dims, *ptrs, *weights)
+            self.desc = structs.GemmaLayer(dims, *ptrs, *weights)
         else:
             head_norms = [n.data_ptr() for n in self.head_norms] if family == "qwen3" else [None, None]
-            self.desc = structs.layer_struct(5)(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None,
-                                                *head_norms, *weights)
+            self.desc = structs.LlamaLayer(dims, self.norms[0].data_ptr(), self.norms[2].data_ptr(), None,
+                                           *head_norms, *weights)
         self.gemma, self.head_norm = gemma, family != "llama"
 
 

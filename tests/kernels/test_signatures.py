@@ -59,3 +59,45 @@ def test_the_parser_reads_a_known_definition(definitions):
     assert definitions["edgellm_affine_rows_to_float"] == (
         ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p])
     assert len(definitions) >= len(_SIGNATURES)
+
+
+def c_structs(header: str = "layer_types.h") -> dict[str, list[tuple[str, str]]]:
+    """typedef'd structs of a header: name -> [(field, C type)] in order, arrays as `type[N]`."""
+    text = re.sub(r"/\*.*?\*/", " ", resources.files("edgellm.kernels").joinpath(header).read_text(), flags=re.S)
+    found = {}
+    for body, name in re.findall(r"typedef struct \{(.*?)\}\s*(\w+);", text, re.S):
+        fields = []
+        for declaration in (d.strip() for d in body.split(";") if d.strip()):
+            kind, _, names = re.match(r"((?:const )?\w+)\s+(.*)", declaration).group(1, 1, 2)
+            for declarator in names.split(","):
+                declarator = declarator.strip()
+                pointer = declarator.startswith("*")
+                field, _, count = declarator.lstrip("*").partition("[")
+                fields.append((field, kind.replace("const ", "") + ("*" if pointer else "") + (f"[{count}" if count else "")))
+        found[name] = fields
+    return found
+
+
+def test_each_ctypes_struct_matches_its_c_typedef():
+    """Field names and order, pointers against pointers, 64-bit integers against int64_t, floats
+    against float, nested structs by name: models/native/structs.py against layer_types.h."""
+    import ctypes
+
+    from edgellm.models.native import structs
+
+    scalar = {"int64_t": ctypes.c_int64, "float": ctypes.c_float}
+    typedefs = c_structs()
+    assert {"WeightPart", "Projection", "KVStore", "KVPage", "KVSlots", "LayerDims", "LlamaLayer", "GemmaLayer",
+            "LoraPair", "LoraLayer"} <= set(typedefs)
+    for name, fields in typedefs.items():
+        ours = getattr(structs, name)._fields_
+        assert [f for f, _ in ours] == [f for f, _ in fields], name
+        for (field, kind), (_, c_kind) in zip(ours, fields):
+            if c_kind.endswith("*"):
+                assert kind is ctypes.c_void_p, (name, field)
+            elif "[" in c_kind:
+                assert issubclass(kind, ctypes.Array) and kind._type_.__name__ == c_kind.split("[")[0], (name, field)
+            elif c_kind in scalar:
+                assert kind is scalar[c_kind], (name, field)
+            else:
+                assert kind.__name__ == c_kind, (name, field)

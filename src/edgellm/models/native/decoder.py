@@ -33,7 +33,8 @@ from edgellm.kernels.buffers import address, aligned_bytes
 from edgellm.models.native.caches import CacheViews
 from edgellm.kernels.gemv import BLOCK_TYPES, I8, Q8R16, REPACK_BLOCKS, affine_rows
 from edgellm.kernels.isa import cpu_features
-from edgellm.models.native.structs import LayerDims, describe_adapter, layer_struct, linears, native_linear, projection
+from edgellm.models.native.structs import (LAYER_STRUCTS, LayerDims, describe_adapter, layer_vectors, linears,
+                                          native_linear, projection)
 from edgellm.kernels.limits import MAX_SEQS
 from edgellm.quant.blocks import BlockLinear
 from edgellm.quant.embedding import BlockEmbedding
@@ -153,10 +154,14 @@ class FusedDecoder:
     def _describe(self, block: NativeBlock, cfg, max_len: int):
         dims = LayerDims(cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
                           max_len, block.attn_norm.eps, block.attn.scale, getattr(block.attn, "softcap", None) or 0.0)
+        struct = LAYER_STRUCTS[self.net.native_layer]
         vectors = [None if v is None else np.ascontiguousarray(v, dtype=np.float32) for v in block.native_vectors()]
+        if len(vectors) != len(layer_vectors(struct)):
+            raise ValueError(f"{type(block).__name__}.native_vectors() gives {len(vectors)} vectors; "
+                             f"{struct.__name__} takes {', '.join(layer_vectors(struct))}")
         self._keep += vectors
         pointers = [address(v) for v in vectors]
-        return layer_struct(len(vectors))(dims, *pointers, *(projection(m) for m in linears(block)))
+        return struct(dims, *pointers, *(projection(m) for m in linears(block)))
 
     def step(self, tokens: np.ndarray, caches, last_only: bool = True) -> np.ndarray | None:
         """Logits (B, 1, V) for one token of each of B sequences (tokens (B, 1)), or for a piece of up

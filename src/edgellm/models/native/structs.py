@@ -4,7 +4,6 @@ caches.py; the decoder that fills both is decoder.py."""
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import numpy as np
 
@@ -64,12 +63,24 @@ class LayerDims(ctypes.Structure):
 _WEIGHTS = [("qkv", Projection), ("o", Projection), ("gate_up", Projection), ("down", Projection)]
 
 
-@functools.cache
-def layer_struct(n_vectors: int) -> type[ctypes.Structure]:
-    """A C layer struct: dims, the block's vectors (norm weights, biases; NULL where absent),
-    then the four projections (llama_layer.c: 5 vectors, gemma_layer.c: 6)."""
-    fields = [("dims", LayerDims)] + [(f"vector{i}", _p) for i in range(n_vectors)] + _WEIGHTS
-    return type(f"_Layer{n_vectors}", (ctypes.Structure,), {"_fields_": fields})
+class LlamaLayer(ctypes.Structure):
+    """llama_layer.c's layer: its vectors NULL where a family has none (Qwen2 the bias, Qwen3 the norms)."""
+    _fields_ = [("dims", LayerDims), ("attn_norm", _p), ("mlp_norm", _p), ("qkv_bias", _p), ("q_norm", _p),
+                ("k_norm", _p)] + _WEIGHTS
+
+
+class GemmaLayer(ctypes.Structure):
+    """gemma_layer.c's layer: four norms per block, and the q/k norms (NULL for Gemma 2)."""
+    _fields_ = [("dims", LayerDims), ("attn_norm", _p), ("post_attn_norm", _p), ("mlp_norm", _p),
+                ("post_mlp_norm", _p), ("q_norm", _p), ("k_norm", _p)] + _WEIGHTS
+
+
+LAYER_STRUCTS = {"edgellm_llama_layer": LlamaLayer, "edgellm_gemma_layer": GemmaLayer}  # by layer function
+
+
+def layer_vectors(struct: type[ctypes.Structure]) -> list[str]:
+    """The names of a layer struct's vectors, in order (what a block's native_vectors() fills)."""
+    return [name for name, kind in struct._fields_ if kind is _p]
 
 
 def projection(linear) -> Projection:
