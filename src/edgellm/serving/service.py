@@ -65,6 +65,13 @@ class Service:
 
     # -- accepting requests (the caller's thread) ------------------------------------------
 
+    @property
+    def kv_bytes(self) -> tuple[int, int]:
+        """The model's KV pool: bytes in use, and of those the prefix cache's (blocks no running
+        sequence holds)."""
+        used = self.model.kv.pool.used_bytes
+        return used, used - self.model.kv.live_bytes
+
     def submit(self, request: Request, on_done: Callable[[Handle, Completion], None] | None = None) -> Handle:
         """Tokenize and queue a request, or raise at once: Busy when the queue is full,
         InvalidRequest / ContextOverflow for a prompt that can never run, ServiceClosed after

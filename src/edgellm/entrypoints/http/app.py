@@ -205,8 +205,9 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
     @app.get("/metrics")
     async def prometheus():
         metrics.queue_depth.set(service.queue_depth)
-        metrics.kv_bytes.set(model.kv.pool.used_bytes)
-        metrics.prefix_bytes.set(model.kv.pool.used_bytes - model.kv.live_bytes)
+        used, cached = service.kv_bytes
+        metrics.kv_bytes.set(used)
+        metrics.prefix_bytes.set(cached)
         metrics.peak_rss.set(peak_rss_bytes())
         if thermal is not None:
             state = thermal.state()
