@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import edgellm
-from tests.server.conftest import MODEL_ID, RunningServer
+from tests.http.conftest import MODEL_ID, RunningServer
 
 BATCH = 4  # concurrent requests of the parse tests
 

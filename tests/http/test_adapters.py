@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from edgellm.lora.peft_io import random_adapter
-from tests.server.conftest import MODEL_ID
+from tests.http.conftest import MODEL_ID
 
 KEY = "sekret"
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]

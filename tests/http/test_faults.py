@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import MODEL_ID
+from tests.http.conftest import MODEL_ID
 
 # Counting goes on well past the few seconds these tests need (no end-of-text in sight).
 LONG = {"model": MODEL_ID, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 2000, "temperature": 0}
@@ -93,7 +93,7 @@ def test_a_hundred_long_turns_are_trimmed_in_one_pass(server):
 def test_a_prompt_beyond_the_context_is_a_400_naming_its_size(smollm2_path):
     import edgellm
 
-    from tests.server.conftest import RunningServer
+    from tests.http.conftest import RunningServer
 
     model = edgellm.load(smollm2_path, context_length=512)
     server = RunningServer(model)

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import MODEL_ID
+from tests.http.conftest import MODEL_ID
 
 
 def _client(server, **kw) -> openai.OpenAI:
@@ -223,7 +223,7 @@ def test_the_official_client_chats_with_every_architecture(arch, tmp_path):
     import gguf
 
     import edgellm
-    from tests.server.conftest import RunningServer
+    from tests.http.conftest import RunningServer
     from tests.tiny import random_weights, write_gguf
 
     path = write_gguf(tmp_path / f"{arch}.gguf", arch, random_weights(arch, head_dim=32, layers=4), head_dim=32,

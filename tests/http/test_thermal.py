@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from edgellm.serving.thermal import ThermalGovernor
-from tests.server.conftest import MODEL_ID
+from tests.http.conftest import MODEL_ID
 
 
 def test_governor_scale_and_hysteresis(tmp_path):
