@@ -2,7 +2,7 @@
 thermal rules, conversation trimming and what each engine step runs. No model needed."""
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import pytest
 
@@ -71,8 +71,14 @@ def test_turns_to_drop_finds_the_fewest_oldest_turns():
         turns_to_drop(1500, [300, 300, 300], context=1000, allowed=False)
 
 
-def _running(state: RequestState, prompt_left: int = 0) -> RunningRequest:
-    request = RunningRequest(handle=None, generation=SimpleNamespace(prompt_left=prompt_left), deadline=0)
+@dataclass
+class Prompt:
+    """The one thing the scheduler reads of a generation (scheduler.Stepwise)."""
+    prompt_left: int
+
+
+def _running(state: RequestState, prompt_left: int = 0, batch="main") -> RunningRequest:
+    request = RunningRequest(handle=None, generation=Prompt(prompt_left), deadline=0, batch=batch)
     request.state = state
     return request
 
@@ -87,8 +93,9 @@ def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
     assert next_step(five + [new], budget).prefill == [(new, 3)]  # the 8 rows of one native call
     crowded = [_running(RequestState.DECODING) for _ in range(9)] + [new]
     assert next_step(crowded, budget).prefill == [(new, 1)]  # a prompt always advances
-    apart = next_step([a, new], StepBudget(separate_chunk=64), joinable=lambda decode, newcomer: False)
-    assert apart.prefill == [(new, 64)]  # not one native call: a chunk worth its fixed cost
+    alone_model = _running(RequestState.PREFILLING, 2000, batch=None)  # no native decoder: it runs on its own
+    apart = next_step([a, alone_model], StepBudget(separate_chunk=64))
+    assert apart.prefill == [(alone_model, 64)]  # not one native call: a chunk worth its fixed cost
     alone = next_step([new, newer], budget)
     assert alone.decode == [] and alone.prefill == [(new, 512)]
     assert next_step([newer], budget).prefill == [(newer, 10)]
@@ -102,11 +109,10 @@ def test_newcomers_share_the_free_rows_of_the_decode_call_oldest_first():
     assert next_step([a, b, c, d], budget).prefill == [(b, 3), (c, 3), (d, 1)]  # 1 + 7 rows
     b.generation.prompt_left = 2
     assert next_step([a, b, c, d], budget).prefill == [(b, 2), (c, 3), (d, 2)]
-    other = next_step([a, b, c, d], budget, joinable=lambda others, newcomer: newcomer is not c)
+    c.batch = "int4 KV"  # another KV precision: another native call
+    other = next_step([a, b, c, d], budget)
     assert other.prefill == [(b, 2), (d, 3)]  # one the call cannot take waits; the next one rides instead
-    seen = []
-    next_step([a, b, c], budget, joinable=lambda others, newcomer: seen.append(list(others)) or True)
-    assert seen == [[a], [a, b]]  # each newcomer is judged beside the decode rows and the newcomers before it
+    c.batch = "main"
     six = [_running(RequestState.DECODING) for _ in range(6)]
     assert next_step(six + [b, c], budget).prefill == [(b, 2)]  # no row left for c: it waits
 

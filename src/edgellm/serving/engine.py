@@ -3,6 +3,7 @@ and hand back each request's new events. Knows nothing of queues, deadlines or f
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Hashable
 
 
 from edgellm.extras import inference
@@ -10,15 +11,20 @@ from edgellm.extras import inference
 from edgellm.generation.generator import decode_with_prompt_chunks
 from edgellm.generation.passes import decode_step
 from edgellm.models.native.decoder import MAX_SEQS
-from edgellm.serving.scheduler import RequestState, RunningRequest, Step
+from edgellm.serving.scheduler import RequestState, RunningRequest, Step, joins
 
 
 class Engine:
+    max_rows = MAX_SEQS  # the rows one native call takes (the scheduler's StepBudget.step_rows)
+
     @staticmethod
-    def can_join(decode: list[RunningRequest], newcomer: RunningRequest) -> bool:
-        """Whether a prompt chunk of `newcomer` can ride in the decode step's native call."""
-        return (getattr(newcomer.generation.model, "decoder", None) is not None and len(decode) < MAX_SEQS
-                and len(_by_model(list(decode) + [newcomer])) == 1)
+    def batch_key(generation) -> Hashable | None:
+        """What a request runs on, as a value the scheduler compares: requests of one key can
+        share a native call (one network with a native decoder, one KV precision); None where the
+        model has no native decoder and each request runs alone."""
+        if getattr(generation.model, "decoder", None) is None:
+            return None
+        return id(generation.model), generation.kv.precision
 
     def step(self, step: Step) -> dict[RunningRequest, list]:
         """Events per request: TokenEvents, a Completion when it ended, or the exception that
@@ -37,8 +43,8 @@ class Engine:
     def _together(step: Step, events: dict) -> bool:
         """The decode step and the newcomers' prompt chunks as one native call, where they share a
         network and KV precision; False (nothing run) otherwise."""
-        if not all(Engine.can_join(step.decode + [r for r, _ in step.prefill[:i]], newcomer)
-                   for i, (newcomer, _) in enumerate(step.prefill)):
+        if len(step.decode) >= Engine.max_rows or not all(joins(step.decode + [r for r, _ in step.prefill[:i]], newcomer)
+                                                         for i, (newcomer, _) in enumerate(step.prefill)):
             return False
         for newcomer, tokens in list(step.prefill):
             try:  # each newcomer's room first: one that has none fails alone

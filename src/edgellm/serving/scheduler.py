@@ -3,10 +3,9 @@ the next engine step runs. Pure functions of the request and the device state, u
 without a model; serving/engine.py carries the decisions out and serving/service.py holds the queue."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 from edgellm.errors import ContextOverflow, InvalidRequest, OutOfMemoryBudget
 from edgellm.kernels.limits import MAX_SEQS
@@ -122,15 +121,24 @@ def _kv_tokens(ask: Ask, room: ModelRoom) -> int:
     return prompt + generated
 
 
+class Stepwise(Protocol):
+    """What the scheduler reads of a request's generation (generation/generator.py Generation)."""
+
+    prompt_left: int  # prompt tokens not yet in its KV
+
+
 @dataclass(eq=False)
 class RunningRequest:
     """A request the engine holds: its handle (events out), its step-wise generation, its
-    deadline (from when it was accepted) and its state."""
+    deadline (from when it was accepted), its state, and `batch`, what the engine said of it when it
+    started: requests of one batch key can share a native call (the same network and KV
+    precision); None, it runs on its own."""
 
     handle: Any
-    generation: Any  # generate.generator.Generation
+    generation: Stepwise
     deadline: float
     reserved_bytes: int = 0  # KV it may still grow into (admission counts it as taken)
+    batch: Hashable | None = None
     _state: RequestState = RequestState.PREFILLING
 
     @property
@@ -143,9 +151,13 @@ class RunningRequest:
         if self.handle is not None:
             self.handle.state = state  # what the caller sees
 
-    @property
-    def expired(self) -> bool:
-        return time.perf_counter() > self.deadline
+    def expired(self, now: float) -> bool:
+        return now > self.deadline
+
+
+def joins(call: Sequence[RunningRequest], newcomer: RunningRequest) -> bool:
+    """Whether `newcomer` can ride in one native call with the requests of `call`."""
+    return newcomer.batch is not None and all(r.batch == newcomer.batch for r in call)
 
 
 @dataclass
@@ -174,12 +186,11 @@ class StepBudget:
     separate_chunk: int = 64
 
 
-def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget(),
-              joinable: Callable[[Sequence[RunningRequest], RunningRequest], bool] = lambda decode, new: True) -> Step:
+def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget()) -> Step:
     """Decode every decoding request; spend the step's prompt budget on the requests still
     prefilling, oldest first (first come, first served): the whole step when nothing decodes,
-    else the rows the decode step's native call has free — `joinable(others, newcomer)` says
-    whether the engine runs a newcomer in that call."""
+    else the rows the decode step's native call has free, to the newcomers whose batch key it
+    shares (`joins`)."""
     step = Step(decode=[r for r in running if r.state is RequestState.DECODING])
     prefilling = [r for r in running if r.state is RequestState.PREFILLING]
     if not prefilling:
@@ -188,22 +199,21 @@ def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget
     left = oldest.generation.prompt_left
     if not step.decode:
         step.prefill.append((oldest, min(budget.prefill_chunk, left)))
-    elif not joinable(step.decode, oldest):
+    elif not joins(step.decode, oldest):
         step.prefill.append((oldest, min(budget.separate_chunk, left)))
     else:
-        _share_free_rows(step, prefilling, budget, joinable)
+        _share_free_rows(step, prefilling, budget)
     return step
 
 
-def _share_free_rows(step: Step, prefilling: Sequence[RunningRequest], budget: StepBudget,
-                     joinable: Callable[[Sequence[RunningRequest], RunningRequest], bool]) -> None:
+def _share_free_rows(step: Step, prefilling: Sequence[RunningRequest], budget: StepBudget) -> None:
     """The call's rows beside the decode rows, `interleaved_prompt` tokens to each newcomer, oldest
     first, while rows are free; the oldest advances even when the decode rows fill the call."""
     free = budget.step_rows - len(step.decode)
     for new in prefilling:
         if step.prefill and free <= 0:
             break
-        if step.prefill and not joinable(step.decode + [r for r, _ in step.prefill], new):
+        if step.prefill and not joins(step.decode + [r for r, _ in step.prefill], new):
             continue  # another network or KV precision: a later step
         tokens = max(1, min(budget.interleaved_prompt, free, new.generation.prompt_left))
         step.prefill.append((new, tokens))

@@ -159,7 +159,7 @@ class Service:
         self._admit(block=not self._running)
         if not self._running:
             return
-        step = next_step(self._running, self.step_budget, self.engine.can_join)
+        step = next_step(self._running, self.step_budget)
         started = time.perf_counter()
         results = self.engine.step(step)
         if step.decode and not step.prefill:
@@ -256,7 +256,7 @@ class Service:
             generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
             handle.kv = generation.kv
         reserved = generation.kv.bytes_needed(len(generation.prompt_ids) + generation.budget)
-        running = RunningRequest(handle, generation, self._deadline(handle), reserved)
+        running = RunningRequest(handle, generation, self._deadline(handle), reserved, Engine.batch_key(generation))
         running.state = RequestState.PREFILLING
         return running
 
@@ -315,7 +315,7 @@ class Service:
             return
         if request.handle.cancelled.is_set():
             self._finish(request, request.generation.finish("cancelled"), RequestState.CANCELLED)
-        elif request.expired:
+        elif request.expired(time.perf_counter()):
             self._finish(request, request.generation.finish("timeout"), RequestState.TIMED_OUT)
 
     def _finish(self, request: RunningRequest, done: Completion, state: RequestState) -> None:
