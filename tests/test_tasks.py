@@ -1,4 +1,4 @@
-"""The task presets (edgellm/tasks.py) through the API and the command line, on the real
+"""The task presets (api/tasks.py) through the API and the command line, on the real
 models: classify always answers a label and reports accuracy on tests/data/intents.jsonl,
 extract fills a schema, summarize bounds its answer and splits a text longer than the context."""
 from __future__ import annotations

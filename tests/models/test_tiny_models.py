@@ -218,7 +218,8 @@ def test_phi3_fused_weights_longrope_and_sliding_window_match_transformers(tmp_p
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])
 def test_phi3_with_partial_rotary_embeddings_matches_transformers(tmp_path, mode):
-    """Phi-4-mini's shape: RoPE turns 3/4 of each head (12 of 16 dims), LongRoPE, GQA 4:2."""
+    """Phi-4-mini's shape: RoPE turns 3/4 of each head (12 of 16 dims), LongRoPE, GQA 4:2 (fast mode
+    on the PyTorch layers: heads of 16 have no native decoder)."""
     weights = random_weights("phi3")
     reference = hf_model("phi3", weights, sliding_window=8, partial_rotary=0.75)
     with torch.inference_mode():
@@ -230,9 +231,21 @@ def test_phi3_with_partial_rotary_embeddings_matches_transformers(tmp_path, mode
         assert model.config.rope_dims == 12
         if mode == "exact":
             torch.testing.assert_close(_forward(model, TOKENS), expected, atol=1e-4, rtol=1e-4)
-        else:  # the native kernels, one token per step: close to the fp32 reference
+        else:  # bf16 arithmetic, one token per step: close to the fp32 reference
             ours = _forward(model, TOKENS, chunks=range(1, TOKENS.shape[1] + 1))
             assert (ours - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def test_the_native_decoder_turns_a_partial_rotation_like_exact_mode(tmp_path):
+    """Heads of 32 (the native decoder's unit), 24 dims turned: the C layers' decode steps against
+    exact mode's one pass (transformers' Phi-3 takes no head_dim of its own to compare with here)."""
+    weights = random_weights("phi3", head_dim=32)
+    with open_gguf(write_gguf(tmp_path / "phi4.gguf", "phi3", weights, head_dim=32, partial_rotary=0.75)) as source:
+        fast, exact = build_model(source, VOCAB, "fast"), build_model(source, VOCAB, "exact")
+        assert fast.decoder is not None and fast.config.rope_dims == 24
+        expected = _forward(exact, TOKENS)
+        ours = _forward(fast, TOKENS, chunks=range(1, TOKENS.shape[1] + 1))
+    assert (ours - expected).abs().max() < 0.03 * expected.abs().max()
 
 
 def test_phi3_loaded_for_a_long_context_uses_the_long_factors_like_transformers(tmp_path):

@@ -91,8 +91,8 @@ def test_steps_decode_everyone_and_prefill_the_oldest_newcomer_in_chunks():
     assert step.decode == [a, b] and step.prefill == [(new, 5), (newer, 1)]  # 2 decode rows, 6 prompt tokens
     five = [_running(RequestState.DECODING) for _ in range(5)]
     assert next_step(five + [new], budget).prefill == [(new, 3)]  # the 8 rows of one native call
-    crowded = [_running(RequestState.DECODING) for _ in range(9)] + [new]
-    assert next_step(crowded, budget).prefill == [(new, 1)]  # a prompt always advances
+    crowded = [_running(RequestState.DECODING) for _ in range(8)] + [new]
+    assert next_step(crowded, budget).prefill == [(new, 64)]  # no row free in the call: a chunk of its own
     alone_model = _running(RequestState.PREFILLING, 2000, batch=None)  # no native decoder: it runs on its own
     apart = next_step([a, alone_model], StepBudget(separate_chunk=64))
     assert apart.prefill == [(alone_model, 64)]  # not one native call: a chunk worth its fixed cost

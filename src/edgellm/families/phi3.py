@@ -18,7 +18,7 @@ def _metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     """The sliding window and LongRoPE as llama.cpp's converter records them (the factors, tensors
     in a GGUF, as lists here), and a partial rotation's dims."""
     meta: dict[str, Any] = {"phi3.attention.sliding_window": config.get("sliding_window") or 0}
-    share = float(config.get("partial_rotary_factor", 1.0))
+    share = float(config.get("partial_rotary_factor", rope_spec(config).get("partial_rotary_factor", 1.0)))
     if share != 1.0:  # Phi-4-mini rotates 3/4 of each head
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         meta["phi3.rope.dimension_count"] = int(head_dim * share)

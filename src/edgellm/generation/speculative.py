@@ -76,7 +76,7 @@ class AdaptiveSpeculation:
         if known.never_pays and free_guesses:
             # earlier generations judged that no guess pays, though guesses cost only their rows:
             # plain for a while, then one guess a pass with its cost measured afresh. A judgement
-            # made in one unlucky moment (a VM's stall in a checked pass) must not keep a process
+            # made in one unlucky moment (the host stalling in a checked pass) must not keep a process
             # plain for good.
             self.plain_left, self.k, self.guess_s = retry_every, 1, None
         elif known.never_pays or (known.pays is False and not free_guesses):  # retried only after the longest wait

@@ -236,7 +236,7 @@ static inline wide32 widen(w32 w) { return w; }
 
 /* 32 int8 weights at p, in the dot product's form: AVX2 widens each half straight from memory
    (a 32-byte load, an extract and two widenings took twice the instructions: Q8_0 blocks are
-   instruction-bound on 2 cores when the VM runs slow) */
+   instruction-bound on 2 cores of a shared host in its slow phases) */
 static inline wide32 widen_at(const int8_t *p) {
 #if EDGELLM_AVX2
     wide32 v = {_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)),

@@ -199,7 +199,7 @@ def next_step(running: Sequence[RunningRequest], budget: StepBudget = StepBudget
     left = oldest.generation.prompt_left
     if not step.decode:
         step.prefill.append((oldest, min(budget.prefill_chunk, left)))
-    elif not joins(step.decode, oldest):
+    elif len(step.decode) >= budget.step_rows or not joins(step.decode, oldest):  # the call is full, or not its
         step.prefill.append((oldest, min(budget.separate_chunk, left)))
     else:
         _share_free_rows(step, prefilling, budget)

@@ -91,7 +91,7 @@ def time_model(path: Path, prompt_tokens: int = 128, gen_tokens: int = 32, repea
 def architecture_report(architectures=ARCHITECTURES, layers: int = 12, rounds: int = 3,
                         progress=lambda line: None) -> dict:
     """Per architecture: weight MB, prefill and decode tok/s (medians over `rounds` in which the
-    families take turns: this machine's speed drifts by ±15 % over minutes), and decode / prefill
+    families take turns: a shared host's speed drifts by ±15 % over minutes), and decode / prefill
     speed per weight byte relative to Llama's."""
     runs: dict[str, list[dict]] = {arch: [] for arch in architectures}
     with tempfile.TemporaryDirectory() as tmp:

@@ -53,7 +53,7 @@ def _compare(model, kind: str, conversations: list, gen_tokens: int, repeat: int
     same = True
     for round_ in range(repeat):
         for conversation, speeds in zip(conversations, runs):
-            # which goes first alternates: on a VM whose speed drifts within seconds, always
+            # which goes first alternates: on a shared host whose speed drifts within seconds, always
             # measuring plain first leaned every ratio one way
             if round_ % 2 == 0:
                 plain = model.chat(conversation, max_tokens=gen_tokens, speculative="off")

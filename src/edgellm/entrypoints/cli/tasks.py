@@ -1,4 +1,4 @@
-"""`edgellm classify | extract | summarize`: the task presets (edgellm/tasks.py) on the command
+"""`edgellm classify | extract | summarize`: the task presets (api/tasks.py) on the command
 line."""
 from __future__ import annotations
 
