@@ -167,3 +167,23 @@ def test_the_fallback_model_is_planned_in_its_own_tokens():
         plan_request(ASK, room(free=5_000), small_tokens, DeviceState(), Policy(fallbacks=("smaller_model",)))
     fits = ModelRoom(1000, "f16", lambda p, n: BYTES_PER_TOKEN[p] * n, 50_000, prompt_tokens=200)
     assert plan_request(ASK, room(free=5_000), fits, DeviceState(), Policy(fallbacks=("smaller_model",))).fallback_model
+
+
+def test_a_reservation_keeps_its_room_until_the_sequence_is_released():
+    """Admission (free_bytes) counts what a running request may still grow into as taken, across
+    precisions on the one pool, and gives it back as blocks replace it and at release."""
+    from edgellm.kv import KVConfig, KVManager, LayerSpec
+
+    specs = [LayerSpec(kv_heads=2, head_dim=64, window=None, rotate=None)] * 4
+    f16 = KVManager(specs, KVConfig(block_size=16, budget_bytes=2_000_000, prefix_cache_bytes=0), 4096)
+    int4 = f16.for_precision("int4")
+    empty = f16.free_bytes()
+    seq, _ = int4.new_sequence()
+    int4.reserve(seq, 320)  # 20 blocks of int4 KV, none held yet
+    assert f16.free_bytes() == empty - int4.bytes_needed(320)
+    seq.prepare(160)  # half of it now held as blocks: the same room taken
+    assert f16.free_bytes() == empty - int4.bytes_needed(320)
+    seq.prepare(480)  # past its reservation: what it holds counts, nothing more
+    assert f16.free_bytes() == empty - len(seq.blocks) * int4.block_bytes
+    seq.release()
+    assert f16.free_bytes() == empty

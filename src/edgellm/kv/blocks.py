@@ -27,6 +27,8 @@ class BlockPool:
         self._free: list[int] = []
         self._next_id = 0
         self.used_bytes = 0
+        # holder -> (bytes it may grow to, bytes of each of its blocks): reserve()
+        self._reserved: dict[int, tuple[Any, int, int]] = {}
         # The engine thread and app threads (a session releasing its KV) both come here.
         self.lock = threading.RLock()
 
@@ -72,6 +74,21 @@ class BlockPool:
                     del self._refs[block]
                     self.used_bytes -= self._sizes.pop(block)
                     self._free.append(block)
+
+    def reserve(self, holder: Any, nbytes: int, block_bytes: int) -> None:
+        """Count `holder` (anything with a `blocks` list) as taking `nbytes` in all from now on,
+        however few of them its blocks hold yet; until unreserve()."""
+        with self.lock:
+            self._reserved[id(holder)] = (holder, nbytes, block_bytes)
+
+    def unreserve(self, holder: Any) -> None:
+        with self.lock:
+            self._reserved.pop(id(holder), None)
+
+    def unheld_reserved_bytes(self) -> int:
+        """What reserved holders may still grow into: their reservations less the blocks they hold."""
+        with self.lock:
+            return sum(max(0, nbytes - len(holder.blocks) * size) for holder, nbytes, size in self._reserved.values())
 
     def refcount(self, block: int) -> int:
         return self._refs.get(block, 0)

@@ -87,15 +87,25 @@ class KVManager:
 
     def free_bytes(self) -> int | None:
         """Bytes a new sequence can have: the budget left plus cached prefixes nobody uses
-        (evicted on demand). None: no budget."""
+        (evicted on demand), less what reserved sequences may still grow into. None: no budget."""
+        free = self._unused_bytes()
+        return None if free is None else free - self.pool.unheld_reserved_bytes()
+
+    def reserve(self, seq: SequenceKV, tokens: int) -> None:
+        """Count `seq` as holding all it may grow to (`tokens` in all) from now on, so that
+        free_bytes() leaves that room to it; it ends when the sequence is released."""
+        self.pool.reserve(seq, self.bytes_needed(tokens), self.block_bytes)
+
+    def _unused_bytes(self) -> int | None:
         available = self.pool.available_bytes()
         if available is None:
             return None
         return available + (self.prefix.evictable_bytes if self.prefix else 0)
 
     def admit(self, tokens: int) -> None:
-        """Refuse, before any work, a request whose KV would not fit the budget."""
-        free = self.free_bytes()
+        """Refuse, before any work, a request whose KV would not fit the budget (reservations
+        are the serving layer's admission, free_bytes())."""
+        free = self._unused_bytes()
         needed = self.bytes_needed(tokens)
         if free is not None and needed > free:
             raise OutOfMemoryBudget(needed, free)

@@ -152,6 +152,7 @@ class SequenceKV:
     def release(self) -> None:
         """Return every block at once (the caller drops its reference to the caches)."""
         self.manager.pool.free(self.blocks)
+        self.manager.pool.unreserve(self)
         self.blocks = []
         self.manager.prefix.release(self._prefix_hashes) if self.manager.prefix else None
         self._prefix_hashes = []

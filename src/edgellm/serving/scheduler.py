@@ -137,7 +137,6 @@ class RunningRequest:
     handle: Any
     generation: Stepwise
     deadline: float
-    reserved_bytes: int = 0  # KV it may still grow into (admission counts it as taken)
     batch: Hashable | None = None
     _state: RequestState = RequestState.PREFILLING
 

@@ -255,8 +255,8 @@ class Service:
         else:
             generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
             handle.kv = generation.kv
-        reserved = generation.kv.bytes_needed(len(generation.prompt_ids) + generation.budget)
-        running = RunningRequest(handle, generation, self._deadline(handle), reserved, Engine.batch_key(generation))
+        generation.kv.reserve(generation.seq, len(generation.prompt_ids) + generation.budget)
+        running = RunningRequest(handle, generation, self._deadline(handle), Engine.batch_key(generation))
         running.state = RequestState.PREFILLING
         return running
 
@@ -267,14 +267,11 @@ class Service:
 
     def _room(self, model, prompt_tokens: int | None = None, prompt: Sequence[int] = (), adapter=None) -> ModelRoom:
         """What admission sees of a model's KV: its byte budget minus what running requests
-        hold or may still grow into; a request needs no room for the cached prefix blocks of
-        `prompt` that running requests hold (it shares them: those computed under its adapter)."""
+        hold or may still grow into (their reservations); a request needs no room for the cached
+        prefix blocks of `prompt` that running requests hold (it shares them: those computed
+        under its adapter)."""
         kv = model.kv
         free = kv.free_bytes()
-        if free is not None:
-            for r in self._running:
-                if r.generation.kv.pool is kv.pool:
-                    free -= max(0, r.reserved_bytes - len(r.generation.seq.blocks) * r.generation.kv.block_bytes)
 
         def needed(precision: str, tokens: int) -> int:
             twin = model.kv_for(precision).for_adapter(adapter)
