@@ -145,7 +145,7 @@ class Service:
         try:
             while not self._stopping:
                 try:
-                    self._turn()
+                    self.step()
                 except Exception as error:  # a bug: fail the running requests, keep serving
                     log.error("engine step failed: %s", type_and_stack(error))
                     for request in self._running:
@@ -154,8 +154,9 @@ class Service:
         finally:
             self._shut_down()
 
-    def _turn(self) -> None:
-        """Admit, run one engine step, deliver its events, end what is over."""
+    def step(self) -> None:
+        """One cycle of the loop: admit waiting requests (each with its plan), schedule
+        (scheduler.next_step), run (Engine.step), deliver each request's events, end what is over."""
         self._admit(block=not self._running)
         if not self._running:
             return
