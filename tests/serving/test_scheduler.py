@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from edgellm.errors import ContextOverflow, InvalidRequest, OutOfMemoryBudget
-from edgellm.serving.scheduler import (Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest, StepBudget,
-                               next_step, plan_request, turns_to_drop)
+from edgellm.serving.scheduler import (Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest, Shortfall,
+                                       StepBudget, next_step, plan_request, turns_to_drop)
 
 BYTES_PER_TOKEN = {"f16": 100, "int8": 50, "int4": 25}
 
@@ -36,11 +36,11 @@ def test_short_budget_takes_int4_kv_then_the_smaller_model():
 
 def test_the_policy_decides_which_fallbacks_apply():
     strict = Policy(fallbacks=("shorter_context",))
-    with pytest.raises(OutOfMemoryBudget) as info:
-        plan_request(ASK, room(free=20_000), room(free=None), DeviceState(), strict)
-    assert info.value.needed_bytes == 40_000 and info.value.available_bytes == 20_000
-    with pytest.raises(OutOfMemoryBudget):  # nothing fits even the smaller model
-        plan_request(ASK, room(free=5_000), room(free=5_000), DeviceState())
+    assert plan_request(ASK, room(free=20_000), room(free=None), DeviceState(), strict) == Shortfall(40_000, 20_000)
+    # nothing fits even the smaller model
+    assert isinstance(plan_request(ASK, room(free=5_000), room(free=5_000), DeviceState()), Shortfall)
+    error = Shortfall(40_000, 20_000).error()  # what a request that never fits is refused with
+    assert isinstance(error, OutOfMemoryBudget) and error.needed_bytes == 40_000 and error.available_bytes == 20_000
     with pytest.raises(InvalidRequest):
         Policy(fallbacks=("pray",))
 
@@ -57,8 +57,7 @@ def test_hot_device_gets_the_hot_precision_and_the_smaller_model():
 def test_generation_budget_stops_at_the_context():
     # 990 prompt tokens in a 1,000 context: at most 10 generated, so 1,000 tokens of KV
     assert plan_request(Ask(990, 500), room(free=100_000), None, DeviceState()).kv_precision == "f16"
-    with pytest.raises(OutOfMemoryBudget):
-        plan_request(Ask(990, 500), room(free=99_999), None, DeviceState(), Policy(fallbacks=()))
+    assert isinstance(plan_request(Ask(990, 500), room(free=99_999), None, DeviceState(), Policy(fallbacks=())), Shortfall)
 
 
 def test_turns_to_drop_finds_the_fewest_oldest_turns():
@@ -163,8 +162,9 @@ def test_a_cached_prefix_costs_no_new_blocks_and_a_failed_request_gives_everythi
 def test_the_fallback_model_is_planned_in_its_own_tokens():
     # 300 prompt tokens for the main model, 900 in the fallback's coarser tokenizer
     small_tokens = ModelRoom(1000, "f16", lambda p, n: BYTES_PER_TOKEN[p] * n, 50_000, prompt_tokens=900)
-    with pytest.raises(OutOfMemoryBudget):  # 1,000 tokens of f16 KV (900 + the 100 that fit) > 50,000 B
-        plan_request(ASK, room(free=5_000), small_tokens, DeviceState(), Policy(fallbacks=("smaller_model",)))
+    # 1,000 tokens of f16 KV (900 + the 100 that fit) > 50,000 B
+    assert isinstance(plan_request(ASK, room(free=5_000), small_tokens, DeviceState(), Policy(fallbacks=("smaller_model",))),
+                      Shortfall)
     fits = ModelRoom(1000, "f16", lambda p, n: BYTES_PER_TOKEN[p] * n, 50_000, prompt_tokens=200)
     assert plan_request(ASK, room(free=5_000), fits, DeviceState(), Policy(fallbacks=("smaller_model",))).fallback_model
 

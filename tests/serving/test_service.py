@@ -87,6 +87,25 @@ def test_kv_budget_falls_back_to_int4_kv(smollm2_path):
         model.close()
 
 
+def test_a_request_that_fits_alone_but_not_beside_the_running_one_waits_for_it(smollm2_path):
+    """Admission's shortfall is a value: the second request waits, first in line, while the first
+    one's reservation holds the budget, then runs; neither fails."""
+    # 2 MiB holds ~90 tokens of f16 KV (blocks of 32): one request of ~40 tokens, not two
+    model = edgellm.load(smollm2_path, kv=KVConfig(budget_bytes=2 * 2**20, prefix_cache_bytes=0))
+    svc = Service(model, max_batch=2, fallbacks=())
+    try:
+        first = svc.submit(Request("The lighthouse at the end of the harbour", {"max_tokens": 30, "temperature": 0.0}))
+        second = svc.submit(Request("The town still spoke of it", {"max_tokens": 30, "temperature": 0.0}))
+        states = set()
+        for event in first:
+            states.add(second.state.value)
+        assert states <= {"waiting"}  # it never started beside the first one
+        assert len(_done(second).token_ids) == 30 and second.degraded == []
+    finally:
+        svc.close()
+        model.close()
+
+
 def test_throughput_mode_batches_and_matches_latency_mode(smollm2_path):
     model = edgellm.load(smollm2_path)
     prompts = ["Once upon a time", "The capital of France is", "def add(a, b):"]

@@ -66,6 +66,19 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class Shortfall:
+    """Admission's answer when a request's KV does not fit the free bytes by any allowed means:
+    a value, not an exception (the service waits for running requests to end, or refuses a
+    request that would not fit even alone: `error()`)."""
+
+    needed_bytes: int
+    free_bytes: int
+
+    def error(self) -> OutOfMemoryBudget:
+        return OutOfMemoryBudget(self.needed_bytes, self.free_bytes)
+
+
+@dataclass(frozen=True)
 class DeviceState:
     hot: bool = False
 
@@ -86,10 +99,10 @@ def turns_to_drop(prompt_tokens: int, turn_tokens: Sequence[int], context: int, 
 
 
 def plan_request(ask: Ask, main: ModelRoom, fallback: ModelRoom | None, device: DeviceState,
-                 policy: Policy = Policy()) -> Plan:
+                 policy: Policy = Policy()) -> Plan | Shortfall:
     """The model and KV precision a request runs with. While hot: the smaller model when one is
     configured, and the hot KV precision. When its KV does not fit the free bytes: INT4 KV, then
-    the smaller model, as the policy allows; else OutOfMemoryBudget."""
+    the smaller model, as the policy allows; else the Shortfall (the first option's)."""
     degraded: list[str] = []
     use_fallback = device.hot and fallback is not None and "smaller_model" in policy.fallbacks
     if use_fallback:
@@ -109,7 +122,7 @@ def plan_request(ask: Ask, main: ModelRoom, fallback: ModelRoom | None, device: 
                 return Plan(use_fallback, precision, tuple(degraded + ["kv_int4_fallback"] * (i > 0)))
             shortfall = shortfall or (needed, room.free_bytes)
         if use_fallback or fallback is None or "smaller_model" not in policy.fallbacks:
-            raise OutOfMemoryBudget(*shortfall)
+            return Shortfall(*shortfall)
         use_fallback = True
         degraded += ["kv_int4_fallback"] * (len(precisions) > 1) + ["smaller_model"]
 

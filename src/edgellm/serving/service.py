@@ -22,7 +22,7 @@ from edgellm.generation import Completion, Timings
 from edgellm.serving.handle import DONE, Handle, Request
 from edgellm.memory import peak_rss_bytes
 from edgellm.serving.scheduler import (FALLBACKS, Ask, DeviceState, ModelRoom, Policy, RequestState, RunningRequest,
-                               StepBudget, next_step, plan_request, turns_to_drop)
+                                       Shortfall, StepBudget, next_step, plan_request, turns_to_drop)
 from edgellm.serving.session import Session
 
 __all__ = ["DONE", "Handle", "Request", "Service", "Session"]  # the ones apps use, wherever they live
@@ -204,15 +204,17 @@ class Service:
                 self._time_out_unstarted(handle)
                 continue
             try:
-                self._running.append(self._start(handle))
-            except OutOfMemoryBudget as error:
-                if not self._running:
-                    self._fail(handle, error)  # it does not fit even alone
-                    continue
-                self._deferred = handle
-                return
+                started = self._start(handle)
             except Exception as error:  # reported to its caller; the engine goes on
                 self._fail(handle, error)
+                continue
+            if isinstance(started, Shortfall):
+                if not self._running:
+                    self._fail(handle, started.error())  # it does not fit even alone
+                    continue
+                self._deferred = handle  # it waits, first in line, for running requests to end
+                return
+            self._running.append(started)
 
     def _next_waiting(self, block: bool) -> Handle | None:
         if self._deferred is not None:
@@ -237,7 +239,7 @@ class Service:
         timings = Timings(len(handle.prompt_ids), 0, 0.0, 0.0, 0.0, peak_rss_bytes())
         self._complete(handle, Completion("timeout", "", (), "", timings))
 
-    def _start(self, handle: Handle) -> RunningRequest:
+    def _start(self, handle: Handle) -> RunningRequest | Shortfall:
         request = handle.request
         sampling = dict(request.sampling)
         if sampling.get("adapter") is not None:  # a name resolves now; the object stays with the request
@@ -245,6 +247,20 @@ class Service:
         fallback = self._room(self.fallback_model, self._fallback_tokens(request)) if self.fallback_model else None
         room = self._room(self.model, prompt=handle.prompt_ids, adapter=sampling.get("adapter"))
         plan = plan_request(Ask(len(handle.prompt_ids), _max_tokens(sampling)), room, fallback, self._device(), self.policy)
+        if isinstance(plan, Shortfall):
+            return plan
+        try:
+            generation = self._generation(handle, plan, sampling)
+        except OutOfMemoryBudget as error:  # the KV's own last check (e.g. a cached prefix's blocks): the same answer
+            return Shortfall(error.needed_bytes, error.available_bytes)
+        generation.kv.reserve(generation.seq, len(generation.prompt_ids) + generation.budget)
+        running = RunningRequest(handle, generation, self._deadline(handle), Engine.batch_key(generation))
+        running.state = RequestState.PREFILLING
+        return running
+
+    def _generation(self, handle: Handle, plan, sampling: dict):
+        """The request's Generation on the model and KV precision its plan chose."""
+        request = handle.request
         handle.plan = plan
         handle.degraded += [d for d in plan.degraded if d not in handle.degraded]
         if plan.fallback_model:
@@ -256,10 +272,7 @@ class Service:
         else:
             generation = self.model.generation(handle.prompt_ids, kv=plan.kv_precision, **sampling)
             handle.kv = generation.kv
-        generation.kv.reserve(generation.seq, len(generation.prompt_ids) + generation.budget)
-        running = RunningRequest(handle, generation, self._deadline(handle), Engine.batch_key(generation))
-        running.state = RequestState.PREFILLING
-        return running
+        return generation
 
     def _fallback_tokens(self, request: Request) -> int:
         """The prompt's length in the fallback model's tokens (its tokenizer may differ)."""
