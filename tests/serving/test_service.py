@@ -96,10 +96,10 @@ def test_a_request_that_fits_alone_but_not_beside_the_running_one_waits_for_it(s
     try:
         first = svc.submit(Request("The lighthouse at the end of the harbour", {"max_tokens": 30, "temperature": 0.0}))
         second = svc.submit(Request("The town still spoke of it", {"max_tokens": 30, "temperature": 0.0}))
-        states = set()
-        for event in first:
-            states.add(second.state.value)
-        assert states <= {"waiting"}  # it never started beside the first one
+        for _ in first:
+            # read in this order: once the second has started, the first must have ended already
+            second_state, first_state = second.state.value, first.state.value
+            assert second_state == "waiting" or first_state not in ("prefilling", "decoding")
         assert len(_done(second).token_ids) == 30 and second.degraded == []
     finally:
         svc.close()
