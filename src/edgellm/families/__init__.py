@@ -50,14 +50,6 @@ class Family:
     tiny_vocab: str = "llama-bpe"  # the llama.cpp vocabulary fixture a tiny converted model gets (tests)
     gguf_from_llama_cpp: bool = True  # llama.cpp's converter writes its checkpoints under this architecture
 
-    @property
-    def fused_qkv(self) -> bool:
-        return "attn_qkv" in self.layer_names
-
-    @property
-    def qk_norms(self) -> bool:
-        return "attn_q_norm" in self.layer_names
-
     def block_tensors(self, i: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
                       ffn: int) -> list[tuple[str, tuple[int, ...]]]:
         """Block i's GGUF tensors and their (rows, columns) shapes, as llama.cpp's converter writes

@@ -10,7 +10,7 @@ from edgellm.extras import inference
 
 from edgellm.generation.generator import decode_with_prompt_chunks
 from edgellm.generation.passes import decode_step
-from edgellm.models.native.decoder import MAX_SEQS
+from edgellm.kernels.limits import MAX_SEQS
 from edgellm.serving.scheduler import RequestState, RunningRequest, Step, joins
 
 
