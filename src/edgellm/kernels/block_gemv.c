@@ -18,9 +18,9 @@
    Each 32 weights become a w32 of int8, widened once to the dot product's form (intdot.h), and
    meet the int16 activations in fma_dot_wide, which ends with one float fma by d * dx (AVX2
    scales four blocks per fma instead: small_row_dots). */
-#include "intdot.h"
-
 #define MAX_M 8
+#include "k_rows.h"
+
 /* Bytes ahead to prefetch, in whole rows: one core alone keeps too few lines in flight to stream at
    the memory's speed (Q8_0 head, 2 threads: 13 -> 19 GB/s of ~21 measured) */
 #define PREFETCH_BYTES 6144
@@ -30,8 +30,6 @@ enum { BLOCK_Q5_0 = 6, BLOCK_Q8_0 = 8, BLOCK_Q5_K = 13, BLOCK_Q6_K = 14, BLOCK_I
 void edgellm_q8r16_gemv(const float *x, int m, int64_t k, const uint8_t *packed, int64_t n, float *y, int64_t ldy,
                         void *work, int threads);
 void edgellm_q8r16_to_float(const uint8_t *packed, int64_t n, int64_t k, void *out, int dtype, int threads);
-#define Q5_K_BYTES 176
-#define Q6_K_BYTES 210
 
 static inline int64_t row_bytes(int type, int64_t k) {
     switch (type) {
@@ -42,14 +40,6 @@ static inline int64_t row_bytes(int type, int64_t k) {
     default: return k / 256 * Q6_K_BYTES;
     }
 }
-
-static inline uint16_t half_bits(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-}
-
-static inline float half_at(const uint8_t *p) { return f16_to_f32(half_bits(p)); }
 
 /* Blocks of 32 weights: bytes per block, and the block's scale (I8 rows: 1, the row's scale comes last). */
 static inline int64_t small_bytes(int type) { return type == BLOCK_Q8_0 ? 34 : (type == BLOCK_Q5_0 ? 22 : 32); }
@@ -190,121 +180,6 @@ ALWAYS_INLINE void small_row_dots(const uint8_t *row, int type, int64_t k, int m
 }
 #endif
 
-#if EDGELLM_AVX512
-/* What the AVX-512 Q6_K rows need of an activation row beyond its Act: each 16 weights' offset term
-   32 * dx * sum(q), the codes' bias times the activations it meets. */
-static inline int64_t q6_offset_bytes(int64_t k) { return k / 4 + 64; }
-
-static const float *q6_offsets(const Act *a, int64_t k, float *offset) {
-    for (int64_t s = 0; s < k / 16; s++) {
-        int32_t sum = 0;
-        for (int j = 0; j < 16; j++) sum += a->q[16 * s + j];
-        offset[s] = 32.f * a->dx[s / 2] * (float)sum;
-    }
-    return offset;
-}
-
-/* The int32 lanes (4 products each) of 64 unsigned codes . an activation row's 64 values from `at`, each
-   value as its two signed bytes (q = 256 hi + lo, split_bytes): exact. */
-static inline __m512i codes_dot(__m512i codes, const Act *a, int64_t at) {
-    __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512((const void *)(a->hi + at)));
-    return _mm512_dpbusd_epi32(_mm512_slli_epi32(hi, 8), codes, _mm512_loadu_si512((const void *)(a->lo + at)));
-}
-
-/* out[i] = a Q6_K row . activation row i on AVX-512, 64 weights a vector: the 6-bit codes unpacked as
-   unsigned bytes (a 512-bit load of low nibbles, the high bit pairs shifted into place per 256-bit half)
-   meet the activations' two signed bytes (q = 256 hi + lo) in two vpdpbusd, and the codes' bias of 32
-   comes off once per super-block through each 16's sum of activations. The generic path widens 32
-   codes at a time to int16 and read Q6_K at 13-15 GB/s on 2 Zen 4 cores from cache, under the DRAM's
-   ~20 (Qwen2.5-1.5B Q4_K_M keeps its head and half its down projections in Q6_K). */
-ALWAYS_INLINE void q6_k_row_dots(const uint8_t *row, int64_t k, int m, const Act *act, const float *const *offsets,
-                                float *out) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F), high2 = _mm512_set1_epi8(0x30);
-    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);    /* bits 0-1 | 2-3 */
-    const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  /* 4-5 | 6-7 */
-    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i lane = _mm512_srli_epi32(lanes, 2), group = _mm512_srli_epi32(lanes, 1);  /* 4 lanes a 16, 2 16s a dx */
-    vf acc[MAX_M][2];  /* the two vectors of each half: two fma chains per row */
-    for (int i = 0; i < m; i++) acc[i][0] = acc[i][1] = vf_zero();
-    for (int64_t b = 0; b < k / 256; b++) {
-        const uint8_t *blk = row + b * Q6_K_BYTES;
-        __m512 scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
-                                      _mm512_set1_ps(half_at(blk + 208)));  /* d * scale of each 16 */
-        __m512 sdx[MAX_M];  /* each 16's d * scale * dx */
-        for (int i = 0; i < m; i++) {
-            acc[i][0] = _mm512_fnmadd_ps(scales, _mm512_loadu_ps(offsets[i] + b * 16), acc[i][0]);
-            sdx[i] = _mm512_mul_ps(scales, _mm512_permutexvar_ps(group, _mm512_castps256_ps512(_mm256_loadu_ps(act[i].dx + b * 8))));
-        }
-        for (int h = 0; h < 2; h++) {
-            __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * h));
-            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
-            __m512i q[2] = {  /* weights 0-63, then 64-127 of the half, 0..63 */
-                _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_and_si512(_mm512_sllv_epi16(qh, up), high2)),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), _mm512_and_si512(_mm512_srlv_epi16(qh, down), high2))};
-            for (int j = 0; j < 2; j++) {
-                int64_t at = b * 256 + 128 * h + 64 * j;  /* first weight of the vector */
-                __m512i pick = _mm512_add_epi32(lane, _mm512_set1_epi32(8 * h + 4 * j));
-                for (int i = 0; i < m; i++)
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes_dot(q[j], &act[i], at)),
-                                                _mm512_permutexvar_ps(pick, sdx[i]), acc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < m; i++) out[i] = vf_sum(vf_add(acc[i][0], acc[i][1]));
-}
-
-/* A Q5_K super-block's 8 sub-block scales d * sc and mins dmin * m (k_scale_min's unpacking, 4 bytes at
-   a time: a loop of scalars per sub-block cost as much as the block's products). */
-static inline void k_scales_mins(const uint8_t *blk, __m256 *scales, __m256 *mins) {
-    uint32_t w[3];
-    memcpy(w, blk + 4, 12);
-    uint64_t sc = (w[0] & 0x3f3f3f3fu) | (uint64_t)((w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4)) << 32;
-    uint64_t mn = (w[1] & 0x3f3f3f3fu) | (uint64_t)(((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4)) << 32;
-    *scales = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))),
-                            _mm256_set1_ps(half_at(blk)));
-    *mins = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
-                          _mm256_set1_ps(half_at(blk + 2)));
-}
-
-/* out[i] = a Q5_K row . activation row i on AVX-512, 64 weights a vector as the Q6_K rows go: a chunk's
-   32 bytes of nibbles are two sub-blocks (low nibbles, then high), their fifth bits from qh, each 8
-   int32 lanes of vpdpbusd with the activations' two bytes; a super-block's 8 sub-block scales times
-   their groups' dx are permuted onto the lanes, and the mins come off through the activations' sums
-   of 32. The generic path widens 32 codes at a time: Q5_K_M's q, k, gate and up took half of a
-   Qwen2.5-1.5B decode there. */
-ALWAYS_INLINE void q5_k_row_dots(const uint8_t *row, int64_t k, int m, const Act *act, float *out) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
-    const __m512i lane = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
-    vf acc[MAX_M][2];
-    __m256 mins[MAX_M];
-    for (int i = 0; i < m; i++) acc[i][0] = acc[i][1] = vf_zero(), mins[i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < k / 256; b++) {
-        const uint8_t *blk = row + b * Q5_K_BYTES;
-        __m256 scales, offsets;
-        k_scales_mins(blk, &scales, &offsets);
-        __m512 sdx[MAX_M];
-        for (int i = 0; i < m; i++) {
-            sdx[i] = _mm512_castps256_ps512(_mm256_mul_ps(scales, _mm256_loadu_ps(act[i].dx + b * 8)));
-            mins[i] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(act[i].sum + b * 8), mins[i]);
-        }
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
-        for (int j = 0; j < 4; j++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * j));
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, low4),
-                                         _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j)), 4), bit4));
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
-                                         _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), 4), bit4));
-            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            __m512i pick = _mm512_add_epi32(lane, _mm512_set1_epi32(2 * j));
-            int64_t at = b * 256 + 64 * j;
-            for (int i = 0; i < m; i++)
-                acc[i][j & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes_dot(q, &act[i], at)),
-                                                _mm512_permutexvar_ps(pick, sdx[i]), acc[i][j & 1]);
-        }
-    }
-    for (int i = 0; i < m; i++) out[i] = vf_sum(vf_add(acc[i][0], acc[i][1])) - f8_sum(mins[i]);
-}
-#endif
 
 /* out[i] = row . activation row i, for one row of blocks; every m sums in the same order. */
 ALWAYS_INLINE void row_dots(const uint8_t *row, int type, int64_t k, int m, const Act *act, float *out) {
@@ -357,7 +232,7 @@ ALWAYS_INLINE void gemv_rows(const BlockGemv *a, int type, int64_t r0, int64_t r
         float out[MAX_M];
         for (int64_t p = 0; p < rb; p += 64) __builtin_prefetch(a->blocks + (r + ahead) * rb + p);
         const uint8_t *row = a->blocks + r * rb;
-#if EDGELLM_AVX512
+#if EDGELLM_AVX512 || EDGELLM_AVX2
 #define ROW_DOTS(M) (type == BLOCK_Q6_K   ? q6_k_row_dots(row, a->k, M, a->act, a->q6_offsets, out) \
                      : type == BLOCK_Q5_K ? q5_k_row_dots(row, a->k, M, a->act, out)        \
                                           : row_dots(row, type, a->k, M, a->act, out))
@@ -386,7 +261,7 @@ GEMV_ROWS(Q5_0)
 GEMV_ROWS(Q5_K)
 GEMV_ROWS(Q6_K)
 
-#if EDGELLM_AVX512
+#if EDGELLM_AVX512 || EDGELLM_AVX2
 int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * (act_bytes(k, 32) + q6_offset_bytes(k)); }
 #else
 int64_t edgellm_block_gemv_work(int m, int64_t k) { return m * act_bytes(k, 32); }
@@ -404,10 +279,12 @@ void edgellm_block_gemv(const float *x, int m, int64_t k, const uint8_t *blocks,
     Act act[MAX_M];
     for (int i = 0; i < m; i++) act[i] = quantize_act(x + i * k, k, 32, (uint8_t *)work + i * act_bytes(k, 32));
     BlockGemv a = {act, m, k, blocks, type == BLOCK_I8 ? row_scale : NULL, y, ldy, NULL};
-#if EDGELLM_AVX512
+#if EDGELLM_AVX512 || EDGELLM_AVX2
     const float *offsets[MAX_M];
-    if (type == BLOCK_Q6_K || type == BLOCK_Q5_K)  /* their rows' codes_dot reads the activations' bytes */
+#if EDGELLM_AVX512 || defined(__AVXVNNI__)  /* AVX2 without VNNI: quantize_act has split them already */
+    if (type == BLOCK_Q6_K || type == BLOCK_Q5_K)  /* their rows (k_rows.h) read the activations' bytes */
         for (int i = 0; i < m; i++) split_bytes(act[i].q, k, (int8_t *)act[i].hi, (int8_t *)act[i].lo);
+#endif
     if (type == BLOCK_Q6_K) {
         for (int i = 0; i < m; i++)
             offsets[i] = q6_offsets(&act[i], k, (float *)((uint8_t *)work + m * act_bytes(k, 32) + i * q6_offset_bytes(k)));
