@@ -19,6 +19,7 @@ LAYERS = [
     ["kernels"],  # the C kernels and their bindings
     ["quant"],  # weight formats, quantized linears
     ["io"],  # file readers: GGUF, safetensors, Hugging Face folders, the pack cache
+    ["store"],  # the local model store: blobs, manifests, pulls; what a --model names
     ["tokenizer"],  # and chat/: templates, messages, tool-call formats
     ["kv"],
     ["lora"],

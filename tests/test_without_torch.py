@@ -194,3 +194,16 @@ def test_an_adapter_gives_the_text_it_gives_with_torch(core_env, adapter):
     without, with_torch, base = edgellm(core_env, *args), edgellm(None, *args), edgellm(core_env, *args[:3], "-n", "16")
     assert without.returncode == 0, without.stderr
     assert without.stdout == with_torch.stdout != base.stdout
+
+
+def test_the_store_commands_run_without_torch(core_env, smollm2_path, tmp_path):
+    """pull (a local file), list, show, verify, a run by store name, rm: all in the core install."""
+    env = core_env | {"EDGELLM_HOME": str(tmp_path / "store")}
+    pulled = edgellm(env, "pull", str(smollm2_path), "--name", "mine:v1", "-q")
+    assert pulled.returncode == 0 and "mine:v1" in pulled.stdout, pulled.stderr
+    assert "mine:v1" in edgellm(env, "list").stdout
+    assert json.loads(edgellm(env, "show", "mine:v1", "--json").stdout)["family"] == "llama"
+    assert edgellm(env, "verify").returncode == 0
+    ran = edgellm(env, "run", "What is the capital of France?", "-m", "mine:v1", "-n", "8")
+    assert ran.returncode == 0 and "Paris" in ran.stdout, ran.stderr
+    assert edgellm(env, "rm", "mine:v1").returncode == 0

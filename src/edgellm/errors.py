@@ -67,6 +67,11 @@ class OutOfMemoryBudget(EdgeLLMError):
                          f"{available_bytes / 2**20:.1f} MiB of the memory budget is available")
 
 
+class StoreError(EdgeLLMError):
+    """The model store: a download that failed or was refused, bytes that are not what was
+    expected, a manifest that disagrees with its blob. Nothing is stored by a failed pull."""
+
+
 class KVStateMismatch(EdgeLLMError):
     """A saved KV state belongs to another model or precision."""
 

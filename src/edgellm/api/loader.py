@@ -11,7 +11,7 @@ from edgellm.io.gguf import GGUFFile
 from edgellm.kv import KVConfig
 from edgellm.memory import collector_paused, return_freed_heap, return_large_frees_to_os, reuse_freed_pages
 from edgellm.api.model import Model
-from edgellm.registry import resolve
+from edgellm.store import resolve
 from edgellm.threads import configure_threads
 
 

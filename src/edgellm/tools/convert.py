@@ -21,7 +21,7 @@ from edgellm.io import open_model
 from edgellm.io.hf_names import config_from_metadata, hf_name, unpermute_rows
 from edgellm.quant.ggml import dequantize
 from edgellm.quant.schemes import FLOAT_SCHEMES
-from edgellm.registry import resolve
+from edgellm.store import resolve
 from edgellm.tokenizer.load import load_tokenizer
 
 Progress = Callable[[str, int, int], None]  # (tensor name, index, total)

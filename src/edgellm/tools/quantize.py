@@ -22,7 +22,7 @@ from edgellm.io.hf_names import hf_name
 from edgellm.io.quantized import QuantizedModel, save_quantized
 from edgellm.quant.recipes import Recipe, fit_group
 from edgellm.quant.schemes import FLOAT_SCHEMES, Scheme, quantize
-from edgellm.registry import resolve
+from edgellm.store import resolve
 from edgellm.tokenizer.load import load_tokenizer
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)

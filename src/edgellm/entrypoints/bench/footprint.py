@@ -18,7 +18,7 @@ import importlib.util
 from importlib import metadata
 
 from edgellm.entrypoints.bench.runner import llama_cpp_available
-from edgellm.registry import resolve
+from edgellm.store import resolve
 
 PROMPT = "The lighthouse at the end of the harbour had been automated for thirty years, but"
 TOKENS = 16

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 
 from edgellm.errors import EdgeLLMError
-from edgellm.registry import resolve
+from edgellm.store import resolve
 
 
 @dataclass

@@ -81,7 +81,8 @@ def _compare(model, kind: str, conversations: list, gen_tokens: int, repeat: int
 def _int8_copy(model: str, progress) -> Path:
     """The model quantized to INT8 by `edgellm quantize` (made once, kept in edgellm's cache)."""
     from edgellm.tools.quantize import quantize_model
-    from edgellm.registry import cache_dir, resolve
+    from edgellm.registry import cache_dir
+    from edgellm.store import resolve
 
     source = resolve(model)
     out = cache_dir() / "bench" / f"{source.stem}.int8.edgellm"
@@ -95,7 +96,8 @@ def _int8_copy(model: str, progress) -> Path:
 def _f32_copy(model: str, progress) -> Path:
     """The model as a float32 Hugging Face folder (made once, kept in edgellm's cache)."""
     from edgellm.tools.convert import convert_to_hf
-    from edgellm.registry import cache_dir, resolve
+    from edgellm.registry import cache_dir
+    from edgellm.store import resolve
 
     source = resolve(model)
     out = cache_dir() / "bench" / f"{source.stem}.f32"

@@ -1,4 +1,5 @@
-"""`edgellm run | chat | classify | extract | summarize | info | plan | bench | serve | convert | quantize | eval | lora`. Errors become one line on stderr and a
+"""`edgellm run | chat | classify | extract | summarize | info | plan | bench | serve | pull | list | show | rm |
+verify | convert | quantize | eval | lora`. Errors become one line on stderr and a
 non-zero exit code; the table below is the one place that maps them."""
 from __future__ import annotations
 
@@ -8,24 +9,25 @@ import signal
 import sys
 from typing import Sequence
 
-from edgellm.entrypoints.cli import constraint_args, lora, quant, tasks
+from edgellm.entrypoints.cli import constraint_args, lora, quant, store, tasks
 from edgellm.entrypoints.cli.generate import cmd_chat, cmd_run
 from edgellm.entrypoints.cli.tools import cmd_bench, cmd_info, cmd_plan, cmd_serve, int_list
 from edgellm.extras import ToolsNeeded
 from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
-                            UnsupportedModel)
+                            StoreError, UnsupportedModel)
 from edgellm.registry import DEFAULT_MODEL, REGISTRY
 
 # One place maps error types to exit codes (argparse itself exits 2 on bad flags).
 EXIT_CODES: list[tuple[type[Exception], int]] = [
     (InvalidRequest, 2), (ModelNotFound, 3), (ModelFormatError, 4), (UnsupportedModel, 5), (OutOfMemoryBudget, 6),
-    (ToolsNeeded, 7), (EdgeLLMError, 1),
+    (ToolsNeeded, 7), (StoreError, 8), (EdgeLLMError, 1),
 ]
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     names = ", ".join(REGISTRY)
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help=f"registered name ({names}), a .gguf, an HF folder or a quantized file")
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                   help=f"a store name (edgellm list), a built-in name ({names}), a .gguf, an HF folder or a quantized file")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("--mode", choices=("fast", "exact"), default="fast",
                    help="fast: packed 4-bit weights, bf16 matmuls; exact: fp32 reference")
@@ -167,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)
+    store.add_parsers(sub)
     quant.add_parsers(sub)
     tasks.add_parsers(sub, _add_model_args)
     lora.add_parsers(sub)

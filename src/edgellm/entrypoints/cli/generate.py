@@ -33,7 +33,7 @@ def loads_a_model(command: Callable[[argparse.Namespace], int]) -> Callable[[arg
 
 
 def load_model(args: argparse.Namespace, context_length: int | None = None):
-    from edgellm.registry import resolve
+    from edgellm.store import resolve
 
     if args.threads is not None and args.threads < 1:
         raise InvalidRequest(f"threads must be >= 1, got {args.threads}")

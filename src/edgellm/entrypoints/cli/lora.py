@@ -101,7 +101,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from edgellm.io import open_model
     from edgellm.lora.adapter import load_adapter
     from edgellm.models import model_config
-    from edgellm.registry import resolve
+    from edgellm.store import resolve
 
     path = resolve(args.model)
     with open_model(path) as source:

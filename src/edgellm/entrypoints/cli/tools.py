@@ -14,7 +14,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from edgellm import kernels
     from edgellm.io import open_model
     from edgellm.api.model import describe
-    from edgellm.registry import resolve
+    from edgellm.store import resolve
 
     with open_model(resolve(args.model)) as source:
         info = describe(source)
@@ -190,7 +190,7 @@ def _op_times(model_name: str, args: argparse.Namespace) -> int:
 
 
 def resolve_model(name: str):
-    from edgellm.registry import resolve
+    from edgellm.store import resolve
 
     return resolve(name)
 
