@@ -15,11 +15,14 @@ MODEL_ID = "smollm2-135m"
 
 
 class RunningServer:
-    def __init__(self, model, **options):
+    """create_app(model, model_id=MODEL_ID, **options), or create_app(**options) without a model
+    (a catalog of models), served on a free port."""
+
+    def __init__(self, model=None, **options):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.app = create_app(model, model_id=MODEL_ID, **options)
+        self.app = create_app(model, model_id=MODEL_ID, **options) if model is not None else create_app(**options)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -34,7 +37,9 @@ class RunningServer:
     def stop(self):
         self.server.should_exit = True
         self.thread.join(timeout=10)
-        self.app.state.service.close()
+        self.app.state.router.close()  # the models it loaded itself
+        if self.app.state.service is not None:
+            self.app.state.service.close()
 
 
 @pytest.fixture(scope="session")

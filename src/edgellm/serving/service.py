@@ -48,6 +48,7 @@ class Service:
         self._deferred: Handle | None = None  # planned but did not fit yet: first in line
         self._lock = threading.Lock()
         self._depth = 0  # accepted, not yet running
+        self._open = 0  # accepted, not yet ended: the service is idle at 0
         self._stopping = False
         self._cool_step_s: float | None = None  # decode step time measured while cool
         self._worker: threading.Thread | None = None
@@ -62,6 +63,11 @@ class Service:
     @property
     def busy(self) -> bool:
         return bool(self._running)
+
+    @property
+    def idle(self) -> bool:
+        """No request accepted and not yet ended (waiting, being admitted or running)."""
+        return self._open == 0
 
     # -- accepting requests (the caller's thread) ------------------------------------------
 
@@ -87,6 +93,7 @@ class Service:
             if self._depth >= capacity:
                 raise Busy(self._depth, self.queue_limit)
             self._depth += 1
+            self._open += 1
             self._waiting.put(handle)
         return handle
 
@@ -198,6 +205,7 @@ class Service:
             handle.started = handle.started or time.perf_counter()
             if handle.cancelled.is_set():
                 handle.state = RequestState.CANCELLED
+                self._ended()
                 handle.put(DONE)
                 continue
             if time.perf_counter() > self._deadline(handle):  # its time ran out in the queue: no work
@@ -332,7 +340,12 @@ class Service:
     def _finish(self, request: RunningRequest, done: Completion, state: RequestState) -> None:
         self._complete(self._end(request, state), done)
 
+    def _ended(self) -> None:
+        with self._lock:
+            self._open -= 1
+
     def _complete(self, handle: Handle, done: Completion) -> None:
+        self._ended()
         for callback in (handle.on_done and (lambda: handle.on_done(handle, done)),
                          self.on_finish and (lambda: self.on_finish(handle, done))):
             if callback:
@@ -350,8 +363,8 @@ class Service:
         request.generation.close()
         self._fail(self._end(request, RequestState.FINISHED), error)
 
-    @staticmethod
-    def _fail(handle: Handle, error: BaseException) -> None:
+    def _fail(self, handle: Handle, error: BaseException) -> None:
+        self._ended()
         handle.state = RequestState.FINISHED
         handle.put(error)
         handle.put(DONE)

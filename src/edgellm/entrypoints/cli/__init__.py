@@ -11,7 +11,8 @@ from typing import Sequence
 
 from edgellm.entrypoints.cli import constraint_args, lora, quant, store, tasks
 from edgellm.entrypoints.cli.generate import cmd_chat, cmd_run
-from edgellm.entrypoints.cli.tools import cmd_bench, cmd_info, cmd_plan, cmd_serve, int_list
+from edgellm.entrypoints.cli.serve import cmd_serve
+from edgellm.entrypoints.cli.tools import cmd_bench, cmd_info, cmd_plan, int_list
 from edgellm.extras import ToolsNeeded
 from edgellm.errors import (EdgeLLMError, InvalidRequest, ModelFormatError, ModelNotFound, OutOfMemoryBudget,
                             StoreError, UnsupportedModel)
@@ -24,10 +25,15 @@ EXIT_CODES: list[tuple[type[Exception], int]] = [
 ]
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     names = ", ".join(REGISTRY)
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
-                   help=f"a store name (edgellm list), a built-in name ({names}), a .gguf, an HF folder or a quantized file")
+    what = f"a store name (edgellm list), a built-in name ({names}), a .gguf, an HF folder or a quantized file"
+    if several:
+        p.add_argument("-m", "--model", action="append", default=[], metavar="[ID=]MODEL",
+                       help=f"{what}; repeat it to serve several (loaded on demand), ID= names what clients ask for "
+                            f"(default: {DEFAULT_MODEL})")
+    else:
+        p.add_argument("-m", "--model", default=DEFAULT_MODEL, help=what)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("--mode", choices=("fast", "exact"), default="fast",
                    help="fast: packed 4-bit weights, bf16 matmuls; exact: fp32 reference")
@@ -141,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat/completions, SSE, /metrics)")
-    _add_model_args(serve)
+    _add_model_args(serve, several=True)
+    serve.add_argument("--keep-alive", default=None, metavar="TIME",
+                       help="how long an unused model stays loaded: seconds, 5m, 1h or never (default: never for one "
+                            "model, 5m for several)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")

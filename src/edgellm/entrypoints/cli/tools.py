@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 
 from edgellm.entrypoints.cli.generate import loads_a_model
 from edgellm.registry import REGISTRY
@@ -227,63 +226,3 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for line in result.advice:
         print(f"  note: {line}")
     return 0 if result.fits else 6
-
-
-@loads_a_model
-def cmd_serve(args: argparse.Namespace) -> int:
-    import logging
-
-    import uvicorn
-
-    from edgellm.entrypoints.cli.generate import load_model
-    from edgellm.entrypoints.http.app import create_app
-
-    from edgellm.errors import InvalidRequest
-    from edgellm.serving.profile import DeviceProfile, load_profile
-
-    profile = load_profile(args.profile) if args.profile else DeviceProfile()
-    if args.timeout is not None and args.timeout <= 0:
-        raise InvalidRequest(f"--timeout must be more than 0 seconds, got {args.timeout}")
-    # Explicit flags win over the profile.
-    from edgellm.threads import default_threads, free_cores
-
-    # Threads: never more than the cores free now (oversubscription costs 10x, see free_cores).
-    if args.threads is None:
-        free = free_cores()
-        args.threads = min(profile.threads or free, free)
-        if free < default_threads():
-            print(f"{default_threads() - free} of {default_threads()} cores are busy with other work: "
-                  f"using {args.threads} thread(s) (--threads overrides)", file=sys.stderr)
-    args.kv_precision = args.kv_precision or profile.kv_precision
-    args.prefix_cache = args.prefix_cache if args.prefix_cache is not None else profile.prefix_cache
-    args.speculative = args.speculative or profile.speculative
-    model = load_model(args, context_length=profile.context)
-    logging.basicConfig(level=logging.DEBUG if args.log_text else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from edgellm.serving.thermal import ThermalGovernor
-
-    thermal = ThermalGovernor(args.thermal_source, threshold_c=args.thermal_threshold)
-    fallback = None
-    if args.fallback_model:
-        from edgellm.api.loader import load
-
-        fallback = load(args.fallback_model, threads=args.threads)
-    app = create_app(model, model_id=args.model, api_key=args.api_key, thermal=thermal,
-                     queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
-                     timeout_s=profile.timeout_s if args.timeout is None else args.timeout, log_text=args.log_text,
-                     warmup_delay_s=profile.warmup_delay_s, max_batch=profile.max_batch,
-                     start_engine=False, fallback_model=fallback)
-    print(f"serving {args.model} ({profile.name} profile) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    # HTTP in a thread, the engine in this one (the thread that loaded the model: see Service.run_forever).
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
-    server.install_signal_handlers = lambda: None  # signals stay with this (main) thread
-    http = threading.Thread(target=server.run, name="edgellm-http", daemon=True)
-    http.start()
-    try:
-        app.state.service.run_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.should_exit = True
-        http.join(timeout=10)
-    return 0

@@ -17,6 +17,7 @@ class AdapterLoad(_Lenient):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     path: str = Field(min_length=1, max_length=4096)
     scale: float = Field(default=1.0, ge=0.0, le=100.0)
+    model: str | None = Field(default=None, max_length=200)  # which served model (default: the first)
 
 
 def model_entry(model_id: str, adapter: Adapter | None = None) -> dict:
@@ -29,13 +30,9 @@ def model_entry(model_id: str, adapter: Adapter | None = None) -> dict:
                         "scale": adapter.scale, "bytes": adapter.nbytes, "projections": list(adapter.projections)}}
 
 
-def resolve(model, model_id: str, requested: str, extension: str | None) -> tuple[str, Adapter | None]:
-    """The id to answer with and the resident adapter a request picks (None: the base), by its
-    `model` ("base" or "base:adapter") or the extension field; ModelNotFound otherwise."""
-    named = requested[len(model_id) + 1:] if requested.startswith(model_id + ":") else ""
-    if requested != model_id and not named:
-        raise ModelNotFound(f"model {requested!r} does not exist; this server serves {model_id!r}"
-                            + "".join(f", '{model_id}:{a.name}'" for a in model.adapters))
+def pick_adapter(model, model_id: str, named: str | None, extension: str | None) -> tuple[str, Adapter | None]:
+    """The id to answer with and the resident adapter a request picks (None: the base): `named`
+    from its `model` ("name:adapter"), or the `edgellm.adapter` extension field."""
     if named and extension and named != extension:
         raise InvalidRequest(f"the model names adapter {named!r} but edgellm.adapter asks for {extension!r}")
     name = named or extension
@@ -45,34 +42,51 @@ def resolve(model, model_id: str, requested: str, extension: str | None) -> tupl
     return f"{model_id}:{name}", adapter
 
 
-def add_adapter_routes(app: FastAPI, model, model_id: str, api_key: str | None, error) -> None:
-    """`error(status, message, code)` builds the server's APIError."""
+def add_adapter_routes(app: FastAPI, router, api_key: str | None, error) -> None:
+    """`error(status, message, code)` builds the server's APIError. Adapters live on a model's
+    loaded version (the first model unless the request names another); a version swapped or
+    unloaded takes them with it."""
 
     def guard() -> None:
         if not api_key:
             raise error(403, "loading and unloading adapters needs the server's API key: start it with --api-key",
                         "api_key_required")
 
+    def deployment(name: str | None):
+        try:
+            return router.find(name or router.names()[0])[0]
+        except ModelNotFound as problem:
+            raise error(404, str(problem), "model_not_found") from None
+
     @app.get("/v1/adapters")
     async def list_adapters():
-        return {"object": "list", "data": [model_entry(model_id, a) for a in model.adapters]}
+        return {"object": "list", "data": [model_entry(name, a) for name, version in router.loaded()
+                                           for a in version.model.adapters]}
 
     @app.post("/v1/adapters", status_code=201)
     async def load(body: AdapterLoad):
         guard()
+        target = deployment(body.model)
+        version = await anyio.to_thread.run_sync(router.acquire, target.name)
         try:  # reading the file takes a while: off the event loop, requests keep running
-            adapter = await anyio.to_thread.run_sync(lambda: model.load_adapter(body.path, body.name, body.scale))
+            adapter = await anyio.to_thread.run_sync(lambda: version.model.load_adapter(body.path, body.name, body.scale))
         except OutOfMemoryBudget as problem:  # a sound adapter with no room for it now
             raise error(507, str(problem), "insufficient_memory") from None
         except (EdgeLLMError, OSError) as problem:  # a bad or unreadable file: the caller's to fix
             raise error(400, str(problem), "invalid_adapter") from None
-        return model_entry(model_id, adapter)
+        finally:
+            router.release(version)
+        return model_entry(target.name, adapter)
 
     @app.delete("/v1/adapters/{name}")
-    async def unload(name: str):
+    async def unload(name: str, model: str | None = None):
         guard()
+        target = deployment(model)
+        version = target.current
         try:
-            model.unload_adapter(name)
+            if version is None or version.model is None:
+                raise ModelNotFound(f"{target.name} is not loaded, so no adapter {name!r} is resident")
+            version.model.unload_adapter(name)
         except ModelNotFound as problem:
             raise error(404, str(problem), "adapter_not_found") from None
-        return {"id": f"{model_id}:{name}", "object": "model", "deleted": True}
+        return {"id": f"{target.name}:{name}", "object": "model", "deleted": True}

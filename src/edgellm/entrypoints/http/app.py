@@ -15,14 +15,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from edgellm.errors import Busy, ContextOverflow, EdgeLLMError, InvalidRequest, ModelNotFound, type_and_stack
+from edgellm.errors import (Busy, ContextOverflow, EdgeLLMError, InvalidRequest, ModelNotFound, OutOfMemoryBudget,
+                            type_and_stack)
 from edgellm.generation import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
-from edgellm.entrypoints.http.adapters import add_adapter_routes, model_entry, resolve
+from edgellm.entrypoints.http.adapters import add_adapter_routes, model_entry, pick_adapter
+from edgellm.entrypoints.http.admin import add_admin_routes
 from edgellm.entrypoints.http.metrics import Metrics
 from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
 from edgellm.entrypoints.http.structured import StreamedDeltas, Structure, chat_message, structure
 from edgellm.serving.handle import DONE, Handle, Request as ServiceRequest
+from edgellm.serving.router import Catalog, Router
 from edgellm.serving.service import Service
 
 log = logging.getLogger("edgellm.entrypoints.http")
@@ -51,6 +54,8 @@ def _translate(error: BaseException) -> APIError:
         return APIError(400, str(error), "invalid_request_error", "context_length_exceeded")
     if isinstance(error, InvalidRequest):
         return APIError(400, str(error), "invalid_request_error")
+    if isinstance(error, OutOfMemoryBudget):
+        return APIError(503, str(error), "server_error", "insufficient_memory", {"Retry-After": "1"})
     if isinstance(error, EdgeLLMError):
         return APIError(503, str(error), "server_error", type(error).__name__)
     log.error("internal error %s", type_and_stack(error))
@@ -88,7 +93,8 @@ class _AuthAndLog:
         rid, start, status = uuid.uuid4().hex[:12], time.perf_counter(), [0]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         path = scope.get("path", "")
-        if self.api_key and path.startswith("/v1/") and headers.get("authorization") != f"Bearer {self.api_key}":
+        guarded = path.startswith(("/v1/", "/admin/"))
+        if self.api_key and guarded and headers.get("authorization") != f"Bearer {self.api_key}":
             self.metrics.errors.labels("401").inc()
             response = _error_response(APIError(401, "invalid API key", "invalid_request_error", "invalid_api_key"))
             return await response(scope, receive, send)
@@ -105,10 +111,13 @@ class _AuthAndLog:
                      headers.get("content-length", "0"), time.perf_counter() - start)
 
 
-def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit: int = 3,
-               timeout_s: float = 15.0, log_text: bool = False, warmup_delay_s: float | None = None,
-               thermal=None, max_batch: int = 1, start_engine: bool = True,
+def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | None = None,
+               api_key: str | None = None, queue_limit: int = 3, timeout_s: float = 15.0, log_text: bool = False,
+               warmup_delay_s: float | None = None, thermal=None, max_batch: int = 1, start_engine: bool = True,
                fallback_model=None) -> FastAPI:
+    """The server of one loaded `model` (answering as `model_id`; start_engine False: the caller runs
+    `app.state.service.run_forever()`), or of a `catalog` of models loaded on demand, each with its
+    own engine thread (serving/router.py)."""
     metrics = Metrics()
 
     def finished(handle: Handle, done: Completion) -> None:
@@ -134,12 +143,25 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
         for reason in handle.degraded:
             metrics.degrades.labels(reason).inc()
 
-    service = Service(model, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished,
-                      thermal=thermal, max_batch=max_batch, start=start_engine,
-                      fallback_model=fallback_model)
+    def make_service(served, start: bool = False) -> Service:
+        return Service(served, queue_limit=queue_limit, default_timeout_s=timeout_s, on_finish=finished,
+                       thermal=thermal, max_batch=max_batch, start=start, fallback_model=fallback_model)
+
+    if catalog is None:
+        if model is None or model_id is None:
+            raise InvalidRequest("create_app needs a model and its id, or a catalog")
+        router = Router.of_model(model_id, model, make_service(model, start=start_engine))
+    else:
+        router = Router(catalog.deployments, catalog.load, make_service, budget=catalog.budget,
+                        footprint=catalog.footprint, baseline=catalog.baseline, keep_alive_s=catalog.keep_alive_s)
+        for name in catalog.preload:  # a model that cannot load fails the start, not a first request
+            router.release(router.acquire(name))
+    primary = router.deployments[router.names()[0]]
+    service = primary.current.service if primary.current is not None else None
     app = FastAPI(title="edgellm", version="0.1.0")
-    app.state.service, app.state.metrics = service, metrics
-    app.state.warmup = _schedule_warmup(service, metrics, warmup_delay_s)
+    app.state.service, app.state.metrics, app.state.router = service, metrics, router
+    app.state.warmup = _schedule_warmup(service, metrics, warmup_delay_s) if service is not None else None
+    app.state.reaper = _Reaper(router) if catalog is not None else None
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError):
@@ -174,41 +196,61 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
     # another task, which kept a client's disconnect from reaching the streaming response.
     app.add_middleware(_AuthAndLog, api_key=api_key, metrics=metrics)
 
-    add_adapter_routes(app, model, model_id, api_key,
-                       lambda status, message, code: APIError(status, message, "invalid_request_error", code))
+    def api_error(status: int, message: str, code: str) -> APIError:
+        return APIError(status, message, "invalid_request_error", code)
 
-    async def submit(prompt: Any, body, chat: bool, asked: Structure) -> tuple[Handle, str]:
-        """The queued request's handle and the model id it answers as (base or base:adapter)."""
+    add_adapter_routes(app, router, api_key, api_error)
+    add_admin_routes(app, router, api_key, api_error, metrics)
+
+    async def submit(prompt: Any, body, chat: bool) -> tuple[Handle, str, Structure]:
+        """The queued request's handle, the model id it answers as (name or name:adapter) and
+        what it asked of the output's structure."""
         try:
-            answered, adapter = resolve(model, model_id, body.model, body.edgellm and body.edgellm.adapter)
+            deployment, named = router.find(body.model)
+            version = await anyio.to_thread.run_sync(router.acquire, deployment.name)  # may load it
         except EdgeLLMError as error:
             raise _translate(error) from None
-        picked = {} if adapter is None else {"adapter": adapter}  # the object: an unload meanwhile cannot fail it
-        request = ServiceRequest(prompt, body.sampling() | asked.sampling() | picked, chat, timeout_s,
-                                 tools=asked.tools)
-        try:  # tokenizing (and trimming a long conversation) runs off the event loop
-            handle = await anyio.to_thread.run_sync(service.submit, request)
+        try:
+            served = version.model
+            asked = structure(body, served.template.tool_format)
+            answered, adapter = pick_adapter(served, deployment.name, named, body.edgellm and body.edgellm.adapter)
+            picked = {} if adapter is None else {"adapter": adapter}  # the object: an unload meanwhile cannot fail it
+            request = ServiceRequest(prompt, body.sampling() | asked.sampling() | picked, chat, timeout_s,
+                                     tools=asked.tools)
+            # tokenizing (and trimming a long conversation) runs off the event loop
+            handle = await anyio.to_thread.run_sync(version.service.submit, request)
         except Busy as error:
             metrics.busy.inc()
             raise _translate(error) from None
         except EdgeLLMError as error:
             raise _translate(error) from None
-        metrics.queue_depth.set(service.queue_depth)
+        finally:  # once submitted, the service's own count keeps the version from unloading
+            router.release(version)
+        metrics.queue_depth.set(_queue_depth(router))
         if log_text:
             log.debug("prompt %r", prompt)
-        return handle, answered
+        return handle, answered, asked
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_id, "queue_depth": service.queue_depth, "busy": service.busy}
+        loaded = router.loaded()
+        return {"status": "ok", "model": router.names()[0], "models_loaded": [name for name, _ in loaded],
+                "queue_depth": _queue_depth(router), "busy": any(v.service.busy for _, v in loaded)}
 
     @app.get("/metrics")
     async def prometheus():
-        metrics.queue_depth.set(service.queue_depth)
-        used, cached = service.kv_bytes
+        metrics.queue_depth.set(_queue_depth(router))
+        used = cached = 0
+        for _, version in router.loaded():
+            kv_used, kv_cached = version.service.kv_bytes
+            used, cached = used + kv_used, cached + kv_cached
         metrics.kv_bytes.set(used)
         metrics.prefix_bytes.set(cached)
         metrics.peak_rss.set(peak_rss_bytes())
+        metrics.models_loaded.set(len(router.loaded()))
+        metrics.model_events.labels("load").set(router.loads)
+        metrics.model_events.labels("evict").set(router.evictions)
+        metrics.model_events.labels("keep_alive_unload").set(router.unloads)
         if thermal is not None:
             state = thermal.state()
             metrics.temperature.set(state.temperature_c if state.temperature_c is not None else float("nan"))
@@ -218,18 +260,23 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_entry(model_id)] + [model_entry(model_id, a) for a in model.adapters]}
+        data = []
+        for name in router.names():
+            current = router.deployments[name].current
+            loaded = current is not None and current.service is not None
+            data.append(model_entry(name))
+            data += [model_entry(name, a) for a in current.model.adapters] if loaded else []
+        return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        messages = [m.plain() for m in body.messages]
-        asked = structure(body, model.template.tool_format)
-        return await _respond(*await submit(messages, body, True, asked), body, "chat.completion", request, asked)
+        handle, answered, asked = await submit([m.plain() for m in body.messages], body, True)
+        return await _respond(handle, answered, body, "chat.completion", request, asked)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        asked = structure(body, model.template.tool_format)
-        return await _respond(*await submit(body.prompt, body, False, asked), body, "text_completion", request, asked)
+        handle, answered, asked = await submit(body.prompt, body, False)
+        return await _respond(handle, answered, body, "text_completion", request, asked)
 
     async def _respond(handle: Handle, answered: str, body, kind: str, request: Request, asked: Structure):
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
@@ -301,6 +348,27 @@ def create_app(model, *, model_id: str, api_key: str | None = None, queue_limit:
             handle.cancel()  # a disconnected client frees its slot and KV now
 
     return app
+
+
+def _queue_depth(router: Router) -> int:
+    return sum(version.service.queue_depth for _, version in router.loaded())
+
+
+class _Reaper:
+    """Unloads models idle past their keep-alive time, and closes swapped-out versions once their
+    last request ends, every `period_s`."""
+
+    def __init__(self, router: Router, period_s: float = 1.0):
+        self.router, self.stop = router, threading.Event()
+        thread = threading.Thread(target=self._run, args=(period_s,), name="edgellm-reaper", daemon=True)
+        thread.start()
+
+    def _run(self, period_s: float) -> None:
+        while not self.stop.wait(period_s):
+            try:
+                self.router.reap()
+            except Exception as error:  # noqa: BLE001 - the next round tries again
+                log.error("unloading idle models failed: %s", type_and_stack(error))
 
 
 def _schedule_warmup(service: Service, metrics: Metrics, delay_s: float | None):

@@ -34,6 +34,10 @@ class Metrics:
         self.kv_bytes = Gauge("edgellm_kv_bytes", "KV cache bytes held in the pool", registry=r)
         self.prefix_bytes = Gauge("edgellm_prefix_cache_bytes", "Of those, blocks kept for prefix reuse", registry=r)
         self.peak_rss = Gauge("edgellm_peak_rss_bytes", "Process resident memory high-water mark", registry=r)
+        self.models_loaded = Gauge("edgellm_models_loaded", "Models loaded now", registry=r)
+        self.model_events = Gauge("edgellm_model_events", "Model loads, evictions to make room and keep-alive unloads",
+                                  ["event"], registry=r)
+        self.swaps = Counter("edgellm_swaps", "Hot swaps (and rollbacks) by outcome", ["outcome"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
