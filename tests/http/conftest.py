@@ -18,11 +18,11 @@ class RunningServer:
     """create_app(model, model_id=MODEL_ID, **options), or create_app(**options) without a model
     (a catalog of models), served on a free port."""
 
-    def __init__(self, model=None, **options):
+    def __init__(self, model=None, model_id: str = MODEL_ID, **options):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.app = create_app(model, model_id=MODEL_ID, **options) if model is not None else create_app(**options)
+        self.app = create_app(model, model_id=model_id, **options) if model is not None else create_app(**options)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

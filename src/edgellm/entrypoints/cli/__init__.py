@@ -159,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--timeout", type=float, default=None, help="seconds per request before partial output (15)")
     serve.add_argument("--fallback-model", default=None,
                        help="a smaller model for requests that do not fit, or while the device is hot")
+    serve.add_argument("--fallback-url", default=None, metavar="URL",
+                       help="opt-in cloud fallback: an OpenAI-compatible API (e.g. https://host/v1) for requests that "
+                            "allow it (edgellm.cloud_fallback) when this device cannot answer them")
+    serve.add_argument("--fallback-key-env", default="EDGELLM_FALLBACK_API_KEY", metavar="VAR",
+                       help="the environment variable holding the upstream's API key (EDGELLM_FALLBACK_API_KEY)")
+    serve.add_argument("--fallback-on", default="busy,context,model,memory,hot", metavar="REASONS",
+                       help="when to fall back: busy, context, model, memory, hot (default: all)")
+    serve.add_argument("--fallback-upstream-model", default=None, metavar="ID",
+                       help="the upstream's model id (default: the one the request names)")
     serve.add_argument("--thermal-source", default=None,
                        help="file with the temperature (°C or millidegrees); default: Linux thermal zones")
     serve.add_argument("--thermal-threshold", type=float, default=75.0, help="°C above which decoding slows")

@@ -84,6 +84,18 @@ def _footprint(budget: int, baseline: int, context: int | None, models: int):
     return footprint
 
 
+def _upstream(args: argparse.Namespace):
+    """--fallback-url and its flags, or None."""
+    if not args.fallback_url:
+        return None
+    import os
+
+    from edgellm.entrypoints.http.upstream import Upstream
+
+    reasons = frozenset(r.strip() for r in args.fallback_on.split(",") if r.strip())
+    return Upstream(args.fallback_url, os.environ.get(args.fallback_key_env), reasons, args.fallback_upstream_model)
+
+
 @loads_a_model
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
@@ -126,7 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         fallback = load(args.fallback_model, threads=args.threads)
     thermal = ThermalGovernor(args.thermal_source, threshold_c=args.thermal_threshold)
-    app = create_app(catalog=catalog, api_key=args.api_key, thermal=thermal,
+    app = create_app(catalog=catalog, api_key=args.api_key, thermal=thermal, upstream=_upstream(args),
                      queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
                      timeout_s=profile.timeout_s if args.timeout is None else args.timeout, log_text=args.log_text,
                      warmup_delay_s=profile.warmup_delay_s, max_batch=profile.max_batch, fallback_model=fallback)

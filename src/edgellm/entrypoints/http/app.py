@@ -24,6 +24,7 @@ from edgellm.entrypoints.http.admin import add_admin_routes
 from edgellm.entrypoints.http.metrics import Metrics
 from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
 from edgellm.entrypoints.http.structured import StreamedDeltas, Structure, chat_message, structure
+from edgellm.entrypoints.http.upstream import Upstream, UpstreamError, allowed, mark, served_by_cloud
 from edgellm.serving.handle import DONE, Handle, Request as ServiceRequest
 from edgellm.serving.router import Catalog, Router
 from edgellm.serving.service import Service
@@ -114,10 +115,10 @@ class _AuthAndLog:
 def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | None = None,
                api_key: str | None = None, queue_limit: int = 3, timeout_s: float = 15.0, log_text: bool = False,
                warmup_delay_s: float | None = None, thermal=None, max_batch: int = 1, start_engine: bool = True,
-               fallback_model=None) -> FastAPI:
+               fallback_model=None, upstream: Upstream | None = None) -> FastAPI:
     """The server of one loaded `model` (answering as `model_id`; start_engine False: the caller runs
     `app.state.service.run_forever()`), or of a `catalog` of models loaded on demand, each with its
-    own engine thread (serving/router.py)."""
+    own engine thread (serving/router.py). `upstream`: the opt-in cloud fallback (upstream.py)."""
     metrics = Metrics()
 
     def finished(handle: Handle, done: Completion) -> None:
@@ -270,13 +271,61 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        handle, answered, asked = await submit([m.plain() for m in body.messages], body, True)
-        return await _respond(handle, answered, body, "chat.completion", request, asked)
+        async def here():
+            handle, answered, asked = await submit([m.plain() for m in body.messages], body, True)
+            return await _respond(handle, answered, body, "chat.completion", request, asked)
+        return await _here_or_upstream(body, request, "chat/completions", here)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        handle, answered, asked = await submit(body.prompt, body, False)
-        return await _respond(handle, answered, body, "text_completion", request, asked)
+        async def here():
+            handle, answered, asked = await submit(body.prompt, body, False)
+            return await _respond(handle, answered, body, "text_completion", request, asked)
+        return await _here_or_upstream(body, request, "completions", here)
+
+    async def _here_or_upstream(body, request: Request, route: str, here):
+        """The local answer, or the upstream's for a request that allows it when the device cannot
+        answer (upstream.py); the local answer again when the upstream cannot be reached."""
+        may_leave = upstream is not None and allowed(body.edgellm)
+        if may_leave and "hot" in upstream.on and thermal is not None and thermal.state().hot:
+            forwarded = await _forward(body, request, route, "hot")
+            if forwarded is not None:
+                return forwarded
+        try:
+            return await here()
+        except APIError as error:
+            reason = upstream.reason(error.code) if may_leave else None
+            forwarded = await _forward(body, request, route, reason) if reason else None
+            if forwarded is None:
+                raise
+            return forwarded
+
+    async def _forward(body, request: Request, route: str, reason: str):
+        payload = await request.json()
+        payload.pop("edgellm", None)
+        try:
+            response = await anyio.to_thread.run_sync(upstream.open, route, payload)
+            if not body.stream:
+                data = await anyio.to_thread.run_sync(response.read)
+                response.close()
+                answer = json.loads(data) | {"edgellm": served_by_cloud(reason)}
+        except (UpstreamError, ValueError, TypeError, OSError) as error:
+            log.warning("cloud fallback (%s) failed: %s", reason, error)
+            metrics.fallbacks.labels(reason, "unreachable").inc()
+            return None
+        metrics.fallbacks.labels(reason, "served").inc()
+        headers = {"X-Edgellm-Served-By": "cloud"}
+        if not body.stream:
+            return JSONResponse(answer, headers=headers)
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                while line := await anyio.to_thread.run_sync(response.readline):
+                    yield mark(line, reason)
+            finally:
+                response.close()
+
+        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
 
     async def _respond(handle: Handle, answered: str, body, kind: str, request: Request, asked: Structure):
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
@@ -428,7 +477,7 @@ def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: 
 def _report(handle: Handle, done: Completion) -> dict:
     """edgellm's per-request facts, beside OpenAI's fields (clients ignore unknown ones)."""
     plan = handle.plan
-    return {"degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
+    return {"served_by": "local", "degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
             "kv_precision": plan.kv_precision if plan else None, "fallback_model": bool(plan and plan.fallback_model),
             **({} if done.constraint_met is None else {"constraint_met": done.constraint_met}),
             **done.timings.as_dict()}

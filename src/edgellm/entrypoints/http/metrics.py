@@ -37,6 +37,8 @@ class Metrics:
         self.models_loaded = Gauge("edgellm_models_loaded", "Models loaded now", registry=r)
         self.model_events = Gauge("edgellm_model_events", "Model loads, evictions to make room and keep-alive unloads",
                                   ["event"], registry=r)
+        self.fallbacks = Counter("edgellm_cloud_fallbacks", "Requests sent to the --fallback-url upstream, by reason "
+                                 "and outcome", ["reason", "outcome"], registry=r)
         self.swaps = Counter("edgellm_swaps", "Hot swaps (and rollbacks) by outcome", ["outcome"], registry=r)
 
     def render(self) -> bytes:

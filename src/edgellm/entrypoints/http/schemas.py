@@ -59,6 +59,8 @@ class EdgeLLMOptions(_Lenient):
     """edgellm's own request options, beside OpenAI's fields."""
     speculative: Literal["lookup", "draft", "self", "off"] | None = None  # None: the server's setting
     adapter: str | None = Field(default=None, max_length=64)  # a resident LoRA adapter (or model "base:adapter")
+    cloud_fallback: bool = False  # may go to the server's --fallback-url when the device cannot answer
+    private: bool = False  # never leaves the device, whatever else is set
 
 
 class StreamOptions(_Lenient):
@@ -75,6 +77,7 @@ class _Sampling(_Lenient):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension
     repetition_penalty: float = Field(default=1.0, gt=0.0)  # extension
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    ignore_eos: bool = False  # extension (vLLM's): generate max_tokens whatever the model says
     stop: str | list[str] | None = None
     n: Literal[1] = 1
     stream: bool = False
@@ -96,7 +99,7 @@ class _Sampling(_Lenient):
         return dict(max_tokens=256 if limit is None else limit, temperature=self.temperature,
                     top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                     repetition_penalty=self.repetition_penalty, seed=self.seed, stop=tuple(s for s in stop if s),
-                    **options)
+                    ignore_eos=self.ignore_eos, **options)
 
 
 class ChatRequest(_Sampling):
