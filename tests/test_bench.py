@@ -144,3 +144,14 @@ def test_bench_serve_memory_samples_a_real_servers_rss_and_kv_gauges(smollm2_pat
     assert first["rss_mib"] > 50
     assert report["accounted_growth_mib"] == pytest.approx(last["kv_mib"] - first["kv_mib"], abs=0.2)
     assert report["rss_growth_mib"] == pytest.approx(last["rss_mib"] - first["rss_mib"], abs=0.2)
+
+
+def test_bench_store_times_pulls_and_hot_swaps(smollm2_path, gemma3_path):
+    result = _bench("--store", "-m", "smollm2-135m,gemma3-270m", "--repeat", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [p["model"] for p in report["pull"]] == ["smollm2-135m", "gemma3-270m"]
+    assert report["pull"][0]["bytes"] == smollm2_path.stat().st_size
+    assert all(p["mb_per_s"] > 0 and 0 < p["download_s"] <= p["seconds"] for p in report["pull"])
+    assert [s["model"] for s in report["swap"]] == ["smollm2-135m", "gemma3-270m"]
+    assert all(s["load_s"] > 0 and s["canary_s"] > 0 and s["switch_s"] >= 0 for s in report["swap"])

@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="random-weight models of real shapes (made once, cached): speed, load, memory and the "
                             "share of the read bandwidth, against llama.cpp (also: qwen2.5-3b, qwen2.5-7b, "
                             "llama-3.1-8b)")
+    bench.add_argument("--store", action="store_true",
+                       help="pull throughput from an HTTP server on 127.0.0.1 into an empty store, and hot-swap "
+                            "times (load, canary, switch) for each -m model (e.g. -m smollm2-135m,gemma3-270m)")
     bench.add_argument("--context", type=int_list, default=None, metavar="N[,N]",
                        help="with --sizes: decode tok/s after N tokens of context instead, f16 and int8 KV, "
                             "against llama.cpp's F16 and Q8_0 caches")
