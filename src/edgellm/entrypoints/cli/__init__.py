@@ -156,7 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "model, 5m for several)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health, "
+                            "/metrics and the chat page")
+    serve.add_argument("--protect-metrics", action="store_true", help="/metrics needs the API key too")
+    serve.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                       help="let pages from this origin call the server (repeatable; '*' for any; default: none)")
     serve.add_argument("--profile", default=None, help="device profile: phone, tablet, desktop or a .toml path")
     serve.add_argument("--queue-limit", type=int, default=None, help="requests that may wait; more get 429 (3)")
     serve.add_argument("--timeout", type=float, default=None, help="seconds per request before partial output (15)")

@@ -2,6 +2,7 @@
 logs carry request ids, sizes and timings, never prompt or completion text."""
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -12,6 +13,7 @@ from typing import Any, AsyncIterator
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -21,6 +23,7 @@ from edgellm.generation import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
 from edgellm.entrypoints.http.adapters import add_adapter_routes, model_entry, pick_adapter
 from edgellm.entrypoints.http.admin import add_admin_routes
+from edgellm.entrypoints.http.tokens import add_token_routes
 from edgellm.entrypoints.http.metrics import Metrics
 from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
 from edgellm.entrypoints.http.structured import StreamedDeltas, Structure, chat_message, structure
@@ -81,12 +84,32 @@ class _ClientWatch:
         return await self.request.is_disconnected()
 
 
-class _AuthAndLog:
-    """Checks the API key on /v1/ routes and logs one line per request: id, method, path,
-    status, size and time, never text."""
+# Paths open without the API key: liveness, the chat page and its files (the page asks for the key
+# itself), FastAPI's API pages; /metrics too unless protect_metrics.
+OPEN_PATHS = ("/health", "/", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
+OPEN_PREFIXES = ("/ui/",)
 
-    def __init__(self, app, api_key: str | None, metrics: Metrics):
+
+def key_matches(headers: dict[str, str], api_key: str) -> bool:
+    """`Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's), compared in
+    constant time."""
+    offered = headers.get("authorization", "")
+    bearer = offered[7:] if offered[:7].lower() == "bearer " else ""
+    expected = api_key.encode()
+    return hmac.compare_digest(bearer.encode(), expected) | hmac.compare_digest(
+        headers.get("x-api-key", "").encode(), expected)
+
+
+class _AuthAndLog:
+    """Checks the API key on every path but the open ones and logs one line per request: id,
+    method, path, status, size and time, never text."""
+
+    def __init__(self, app, api_key: str | None, metrics: Metrics, protect_metrics: bool = False):
         self.app, self.api_key, self.metrics = app, api_key, metrics
+        self.protect_metrics = protect_metrics
+
+    def _open(self, path: str) -> bool:
+        return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or (path == "/metrics" and not self.protect_metrics)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -94,8 +117,8 @@ class _AuthAndLog:
         rid, start, status = uuid.uuid4().hex[:12], time.perf_counter(), [0]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         path = scope.get("path", "")
-        guarded = path.startswith(("/v1/", "/admin/"))
-        if self.api_key and guarded and headers.get("authorization") != f"Bearer {self.api_key}":
+        preflight = scope.get("method") == "OPTIONS"  # CORS asks before it sends the key
+        if self.api_key and not preflight and not self._open(path) and not key_matches(headers, self.api_key):
             self.metrics.errors.labels("401").inc()
             response = _error_response(APIError(401, "invalid API key", "invalid_request_error", "invalid_api_key"))
             return await response(scope, receive, send)
@@ -115,7 +138,8 @@ class _AuthAndLog:
 def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | None = None,
                api_key: str | None = None, queue_limit: int = 3, timeout_s: float = 15.0, log_text: bool = False,
                warmup_delay_s: float | None = None, thermal=None, max_batch: int = 1, start_engine: bool = True,
-               fallback_model=None, upstream: Upstream | None = None) -> FastAPI:
+               fallback_model=None, upstream: Upstream | None = None, protect_metrics: bool = False,
+               cors_origins: tuple[str, ...] = ()) -> FastAPI:
     """The server of one loaded `model` (answering as `model_id`; start_engine False: the caller runs
     `app.state.service.run_forever()`), or of a `catalog` of models loaded on demand, each with its
     own engine thread (serving/router.py). `upstream`: the opt-in cloud fallback (upstream.py)."""
@@ -177,7 +201,8 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
             reason = (first.get("ctx") or {}).get("error", "JSON decode error")
             return _error_response(APIError(400, f"the request body is not valid JSON ({reason})", "invalid_request_error"))
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _error_response(APIError(400, f"invalid request: {where}: {first.get('msg', 'bad value')}",
+        problem = str(first.get("msg", "bad value")).removeprefix("Value error, ")
+        return _error_response(APIError(400, f"invalid request: {where + ': ' if where else ''}{problem}",
                                         "invalid_request_error"))
 
     @app.exception_handler(StarletteHTTPException)
@@ -195,13 +220,17 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
 
     # A plain ASGI middleware, not @app.middleware("http"): that wrapper runs the response in
     # another task, which kept a client's disconnect from reaching the streaming response.
-    app.add_middleware(_AuthAndLog, api_key=api_key, metrics=metrics)
+    app.add_middleware(_AuthAndLog, api_key=api_key, metrics=metrics, protect_metrics=protect_metrics)
+    if cors_origins:  # off unless asked: a page on another origin cannot call the server
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
 
     def api_error(status: int, message: str, code: str) -> APIError:
         return APIError(status, message, "invalid_request_error", code)
 
     add_adapter_routes(app, router, api_key, api_error)
     add_admin_routes(app, router, api_key, api_error, metrics)
+    add_token_routes(app, router, lambda status, message, code: APIError(status, message, "invalid_request_error", code))
 
     async def submit(prompt: Any, body, chat: bool) -> tuple[Handle, str, Structure]:
         """The queued request's handle, the model id it answers as (name or name:adapter) and
@@ -268,6 +297,22 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
             data.append(model_entry(name))
             data += [model_entry(name, a) for a in current.model.adapters] if loaded else []
         return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str):
+        try:
+            deployment, adapter = router.find(model_id)
+        except ModelNotFound as error:
+            raise _translate(error) from None
+        current = deployment.current
+        loaded = current is not None and current.service is not None
+        if adapter is None:
+            return model_entry(deployment.name)
+        if loaded:
+            for resident in current.model.adapters:
+                if resident.name == adapter:
+                    return model_entry(deployment.name, resident)
+        raise APIError(404, f"model {model_id!r} does not exist", "invalid_request_error", "model_not_found")
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):

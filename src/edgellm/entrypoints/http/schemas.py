@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # C0/C1 control characters other than tab, newline and carriage return.
 _CONTROL = dict.fromkeys([*range(0, 9), 11, 12, *range(14, 32), 127, *range(128, 160)])
@@ -16,8 +16,31 @@ def clean_text(text: str) -> str:
     return text.translate(_CONTROL)
 
 
+def check_unicode(value: Any, where: str = "body") -> None:
+    """Every string in a request must be encodable Unicode: JSON's escapes can spell an unpaired
+    UTF-16 surrogate ("\\ud800"), which no tokenizer, log or reply can carry."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where} holds an unpaired UTF-16 surrogate (\\ud800-\\udfff): send valid Unicode") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, where)
+            check_unicode(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_unicode(item, f"{where}[{i}]")
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        check_unicode(data)
+        return data
 
 
 class TextPart(_Lenient):
