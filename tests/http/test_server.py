@@ -109,7 +109,8 @@ def test_models_health_and_metrics(server):
 @pytest.mark.parametrize("body, code", [
     ({"model": MODEL_ID, "messages": CHAT, "temperature": -1}, "invalid_request_error"),
     ({"model": MODEL_ID, "messages": []}, "invalid_request_error"),
-    ({"model": MODEL_ID, "messages": CHAT, "n": 2}, "invalid_request_error"),
+    ({"model": MODEL_ID, "messages": CHAT, "n": 17}, "invalid_request_error"),
+        ({"model": MODEL_ID, "messages": CHAT, "audio": {"voice": "alloy"}}, "invalid_request_error"),
     ({"model": MODEL_ID, "messages": [{"role": "wizard", "content": "hi"}]}, "invalid_request_error"),
 ])
 def test_invalid_fields_are_400(server, body, code):

@@ -154,6 +154,11 @@ class Model:
         requested = sampling.pop("speculative", self.speculative)
         kind = _speculative_kind(requested)
         params = _params(sampling)
+        vocabulary = self.tokenizer.vocab_size
+        if any(not 0 <= token < vocabulary for token, _ in params.logit_bias):
+            raise InvalidRequest(f"logit_bias names a token outside the vocabulary (0..{vocabulary - 1})")
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            return params, None, None  # each token's own logits: plain decoding
         drafter = self.drafter(kind, params, adapter)
         if grammar is not None and requested != "off":
             return params, GrammarForced(grammar, drafter), None
@@ -346,7 +351,10 @@ class Model:
             return self.tokenizer.encode(prompt)
         if prompt and isinstance(prompt[0], dict):
             return self.template.encode_chat(prompt, add_generation_prompt=False)
-        return list(prompt)
+        ids, vocabulary = [int(i) for i in prompt], self.tokenizer.vocab_size
+        if any(not 0 <= i < vocabulary for i in ids):
+            raise InvalidRequest(f"a prompt token id is outside the vocabulary (0..{vocabulary - 1})")
+        return ids
 
     def close(self) -> None:
         """Drop the weights and release the file mapping (and those of a draft load() loaded)."""
@@ -376,7 +384,9 @@ def _speculative_kind(kind: str | None) -> str | None:
 def _params(sampling: dict[str, Any]) -> SamplingParams:
     stop = sampling.get("stop")
     stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    return SamplingParams(**{**sampling, "stop": stop})
+    bias = sampling.get("logit_bias") or ()
+    bias = tuple(sorted((int(k), float(v)) for k, v in (bias.items() if isinstance(bias, dict) else bias)))
+    return SamplingParams(**{**sampling, "stop": stop, "logit_bias": bias})
 
 
 def last_completion(events: Iterator[GenerationEvent]) -> Completion:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from edgellm.generation.logprobs import TokenLogprob
+
 FinishReason = Literal["stop", "length", "timeout", "cancelled", "tool_calls"]
 
 
@@ -54,6 +56,7 @@ class Timings:
 class TokenEvent:
     token_id: int
     text: str  # the text this token releases; "" while bytes or a possible stop are held back
+    logprob: TokenLogprob | None = None  # when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ class Completion:
     constraint_met: bool | None = None
     parsed: Any = None  # the value a valid constrained output stands for (Model.generate(schema=...))
     tool_calls: list[dict] | None = None  # OpenAI tool calls the answer made (Model.chat(tools=...))
+    logprobs: tuple[TokenLogprob, ...] | None = None  # each generated token's, when asked for
+    # the prompt's tokens scored (echo): None for the first, which nothing predicts
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 GenerationEvent = TokenEvent | Completion

@@ -12,8 +12,9 @@ from edgellm.extras import inference
 from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generation.events import Completion, GenerationEvent, Timings, TokenEvent
 from edgellm.generation.drafters import Drafter
-from edgellm.generation.passes import CausalLM, decode_step, prefill, prefill_chunk
-from edgellm.generation.sampling import Sampler, SamplingParams
+from edgellm.generation.logprobs import TokenLogprob, token_logprob
+from edgellm.generation.passes import CausalLM, decode_step, prefill, prefill_chunk, prefill_scored
+from edgellm.generation.sampling import Sampler, SamplingParams, as_logits
 from edgellm.generation.speculative import SpeculationCosts, Speculator
 from edgellm.generation.text import IncrementalDetokenizer, StopMatcher
 from edgellm.kv import KVManager
@@ -36,10 +37,15 @@ class Generation:
         kv.admit(len(prompt_ids) + self.budget)
         self.model, self.kv, self.params, self.eos_ids = model, kv, params, eos_ids
         self.prompt_ids = list(prompt_ids)
-        self.sampler, self.detok, self.stops = Sampler(params), IncrementalDetokenizer(token_bytes), StopMatcher(params.stop)
+        self.sampler = Sampler(params, prompt_tokens=len(prompt_ids))
+        self.detok, self.stops = IncrementalDetokenizer(token_bytes), StopMatcher(params.stop)
         self.history, self.generated, self.pieces = list(prompt_ids), [], []
+        self.token_logprobs: list[TokenLogprob] = []
+        # scoring the prompt needs every position's logits: no cached prefix stands in for them
+        self.prompt_scores: list[TokenLogprob | None] | None = None if params.prompt_logprobs is None else [None]
+        self._last_row: np.ndarray | None = None  # the scored prefill's last logits so far
         self.start = time.perf_counter()
-        self.seq, self.reused = kv.new_sequence(prompt_ids)
+        self.seq, self.reused = kv.new_sequence(prompt_ids if self.prompt_scores is None else [])
         self.prefilled = self.reused  # prompt tokens in the KV so far
         self.prefill_done = self.first_token_at = self.start
         self.next_token: int | None = None  # to feed the next decode step
@@ -67,8 +73,18 @@ class Generation:
         """Prefill up to max_tokens more prompt tokens (an engine interleaves these chunks with
         other sequences' decode steps); returns the last position's logits once the prompt is in."""
         piece = self.next_prompt_piece(max_tokens)
-        logits = prefill(self.model, self.seq, piece, prefill_chunk(self.kv))
+        if self.prompt_scores is None:
+            logits = prefill(self.model, self.seq, piece, prefill_chunk(self.kv))
+        else:
+            logits, scored = prefill_scored(self.model, self.seq, piece, self.params.prompt_logprobs, self._last_row)
+            self.prompt_scores += scored
+            self._last_row = logits
         return self.prompt_advanced(len(piece), logits)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether its prompt goes in scored, position by position (prefill_step only)."""
+        return self.prompt_scores is not None
 
     def next_prompt_piece(self, max_tokens: int) -> list[int]:
         return self.prompt_ids[self.prefilled:self.prefilled + min(max_tokens, self.prompt_left)]
@@ -85,13 +101,15 @@ class Generation:
         """Sample from one position's logits; returns the events this step releases."""
         if len(self.generated) >= self.budget:
             return [self.finish("length", None)]
-        return self.emit(self.sampler(self.masked(logits), self.history))
+        token = self.sampler(self.masked(logits), self.history)
+        top = self.params.logprobs
+        return self.emit(token, None if top is None else token_logprob(as_logits(logits), token, top))
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """A position's logits with what the grammar forbids next at -inf (unconstrained: as is)."""
         return logits if self.grammar is None else self.grammar.mask(logits)
 
-    def emit(self, token: int) -> list[GenerationEvent]:
+    def emit(self, token: int, logprob: TokenLogprob | None = None) -> list[GenerationEvent]:
         """Take `token` as the next one (sampled, or a verified speculative guess)."""
         if not self.generated:
             self.first_token_at = time.perf_counter()
@@ -103,7 +121,9 @@ class Generation:
         self.generated.append(token)
         text = self.stops.push(self.detok.push(token))
         self.pieces.append(text)
-        events: list[GenerationEvent] = [TokenEvent(token, text)]
+        if logprob is not None:
+            self.token_logprobs.append(logprob)
+        events: list[GenerationEvent] = [TokenEvent(token, text, logprob)]
         if self.stops.matched is not None:
             events.append(self.finish("stop", self.stops.matched))
         elif text and self.grammar is not None and (keep := self.grammar.end_at(self.pieces)) is not None:
@@ -133,8 +153,11 @@ class Generation:
         met = None if self.grammar is None else (keep is not None or self.grammar.satisfied and reason == "stop"
                                                   and isinstance(stop, int))
         text = ("".join(self.pieces) + tail)[:keep]
-        self.completion = Completion(reason, text, tuple(self.generated), tail, timings, stop, constraint_met=met,
-                                     parsed=self._parsed(text) if met else None)
+        self.completion = Completion(
+            reason, text, tuple(self.generated), tail, timings, stop, constraint_met=met,
+            parsed=self._parsed(text) if met else None,
+            logprobs=None if self.params.logprobs is None else tuple(self.token_logprobs),
+            prompt_logprobs=None if self.prompt_scores is None else tuple(self.prompt_scores))
         self.close()
         return self.completion
 

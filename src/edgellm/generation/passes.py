@@ -8,6 +8,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from edgellm.extras import inference
+from edgellm.generation.logprobs import TokenLogprob, rows_logprobs
 from edgellm.generation.sampling import as_logits
 from edgellm.kernels.limits import MAX_SEQS
 from edgellm.kv import BatchKV, KVManager, SequenceKV
@@ -44,6 +45,31 @@ def prefill(model: CausalLM, seq: SequenceKV, ids: Sequence[int], chunk: int = P
         seq.advance(piece)
         start += len(piece)
     return logits
+
+
+SCORED_ROWS = 64  # prompt rows scored per pass: their logits (rows x vocabulary) are kept whole
+
+
+def prefill_scored(model: CausalLM, seq: SequenceKV, ids: Sequence[int], top: int,
+                   before: np.ndarray | None = None) -> tuple[np.ndarray, list[TokenLogprob]]:
+    """`ids` into `seq` like prefill, every position's logits kept: returns the last position's
+    logits and each of `ids` scored by the position before it (the first by `before`, the logits
+    that came before this piece; left out when there are none)."""
+    decoder = getattr(model, "decoder", None)
+    rows = min(SCORED_ROWS, decoder.piece_rows(len(ids))) if decoder is not None else SCORED_ROWS
+    scored, start = [], 0
+    while start < len(ids):
+        piece = list(ids[start:start + rows])
+        seq.prepare(len(piece))
+        logits = None if decoder is None else decoder.step_rows([(seq.layers, piece)], every_row=True,
+                                                                 adapters=[getattr(seq, "adapter", None)])
+        if logits is None:
+            logits = as_logits(model(np.array([piece], dtype=np.int64), seq, last_only=False)[0])
+        seq.advance(piece)
+        predicting = logits[:-1] if before is None else np.concatenate([before[None], logits[:-1]])
+        scored += rows_logprobs(predicting, piece[1:] if before is None else piece, top)
+        before, start = logits[-1], start + len(piece)
+    return before, scored
 
 
 def _layers_alone(model: CausalLM, seq: SequenceKV, piece: list[int]) -> bool:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgellm.errors import InvalidRequest
+from edgellm.generation.logprobs import MAX_TOP
 from edgellm.kernels.build import library
 
 
@@ -23,6 +24,12 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
+    # OpenAI's: minus frequency_penalty per earlier occurrence in the output and presence_penalty once
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
+    logprobs: int | None = None  # each generated token's log-probability and this many alternatives
+    prompt_logprobs: int | None = None  # the prompt's tokens scored too (echo), with alternatives
 
     def __post_init__(self) -> None:
         checks = [
@@ -34,6 +41,11 @@ class SamplingParams:
             (self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}"),
             (self.seed is None or -2**63 <= self.seed < 2**64, f"seed must fit 64 bits, got {self.seed}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (all(-100 <= b <= 100 for _, b in self.logit_bias), "logit_bias values must be in [-100, 100]"),
+            (all(0 <= n <= MAX_TOP for n in (self.logprobs, self.prompt_logprobs) if n is not None),
+             f"logprobs must be in [0, {MAX_TOP}]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -93,6 +105,24 @@ def apply_repetition_penalty(logits, seen, penalty: float) -> np.ndarray:
     return out
 
 
+def apply_output_penalties(logits, output: list[int], frequency: float, presence: float) -> np.ndarray:
+    """A copy with OpenAI's penalties: each token's logit minus frequency x its count in the
+    output so far, minus presence once if it occurs at all."""
+    ids, counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)
+    out = as_logits(logits).copy()
+    out[ids] -= (frequency * counts + presence).astype(np.float32)
+    return out
+
+
+def apply_logit_bias(logits, bias: tuple[tuple[int, float], ...]) -> np.ndarray:
+    """A copy with each (token, value) added to the token's logit (OpenAI's logit_bias: -100 bans
+    a token, +100 all but forces it)."""
+    out = as_logits(logits).copy()
+    for token, value in bias:
+        out[token] += np.float32(value)
+    return out
+
+
 def keep_top_k(logits, k: int) -> np.ndarray:
     x = as_logits(logits)
     if k <= 0 or k >= x.shape[-1]:
@@ -125,8 +155,10 @@ def keep_min_p(logits, min_p: float) -> np.ndarray:
 class Sampler:
     """Stateful only in its random generator; call with the 1-D logits of one position."""
 
-    def __init__(self, params: SamplingParams):
-        self.params = params
+    def __init__(self, params: SamplingParams, prompt_tokens: int = 0):
+        """`prompt_tokens`: how many of the history's first tokens are the prompt (the output
+        penalties count the rest)."""
+        self.params, self.prompt_tokens = params, prompt_tokens
         # no seed: a fresh one of our own (numpy's global generator is the caller's)
         seed = params.seed % 2**64 if params.seed is not None else secrets.randbits(64)
         self.generator = np.random.Generator(np.random.PCG64(seed))
@@ -216,6 +248,11 @@ class Sampler:
         p = self.params
         if p.repetition_penalty != 1.0 and history:
             x = apply_repetition_penalty(x, sorted(set(history)), p.repetition_penalty)
+        output = history[self.prompt_tokens:]
+        if (p.frequency_penalty or p.presence_penalty) and output:
+            x = apply_output_penalties(x, output, p.frequency_penalty, p.presence_penalty)
+        if p.logit_bias:
+            x = apply_logit_bias(x, p.logit_bias)
         return x
 
 

@@ -43,6 +43,8 @@ class Engine:
     def _together(step: Step, events: dict) -> bool:
         """The decode step and the newcomers' prompt chunks as one native call, where they share a
         network and KV precision; False (nothing run) otherwise."""
+        if any(r.generation.scores_prompt for r, _ in step.prefill):
+            return False  # a scored prompt goes in through prefill_step, every position's logits kept
         if len(step.decode) >= Engine.max_rows or not all(joins(step.decode + [r for r, _ in step.prefill[:i]], newcomer)
                                                          for i, (newcomer, _) in enumerate(step.prefill)):
             return False

@@ -2,12 +2,14 @@
 logs carry request ids, sizes and timings, never prompt or completion text."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import anyio
@@ -26,7 +28,9 @@ from edgellm.entrypoints.http.admin import add_admin_routes
 from edgellm.entrypoints.http.tokens import add_token_routes
 from edgellm.entrypoints.http.metrics import Metrics
 from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
-from edgellm.entrypoints.http.structured import StreamedDeltas, Structure, chat_message, structure
+from edgellm.entrypoints.http.responses import (Choice, chat_logprobs, chunk, completion_logprobs, full_response,
+                                                usage_chunk)
+from edgellm.entrypoints.http.structured import StreamedDeltas, Structure, structure
 from edgellm.entrypoints.http.upstream import Upstream, UpstreamError, allowed, mark, served_by_cloud
 from edgellm.serving.handle import DONE, Handle, Request as ServiceRequest
 from edgellm.serving.router import Catalog, Router
@@ -232,34 +236,46 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
     add_admin_routes(app, router, api_key, api_error, metrics)
     add_token_routes(app, router, lambda status, message, code: APIError(status, message, "invalid_request_error", code))
 
-    async def submit(prompt: Any, body, chat: bool) -> tuple[Handle, str, Structure]:
-        """The queued request's handle, the model id it answers as (name or name:adapter) and
-        what it asked of the output's structure."""
+    async def submit(prompts: list, body, chat: bool) -> Submitted:
+        """Each prompt's `n` choices queued (all or none: a full queue refuses the request), the
+        model id they answer as (name or name:adapter), what the request asked of the output's
+        structure, and the model (its tokenizer shapes log-probabilities)."""
         try:
             deployment, named = router.find(body.model)
             version = await anyio.to_thread.run_sync(router.acquire, deployment.name)  # may load it
         except EdgeLLMError as error:
             raise _translate(error) from None
+        choices: list[Choice] = []
         try:
             served = version.model
             asked = structure(body, served.template.tool_format)
             answered, adapter = pick_adapter(served, deployment.name, named, body.edgellm and body.edgellm.adapter)
             picked = {} if adapter is None else {"adapter": adapter}  # the object: an unload meanwhile cannot fail it
-            request = ServiceRequest(prompt, body.sampling() | asked.sampling() | picked, chat, timeout_s,
-                                     tools=asked.tools)
-            # tokenizing (and trimming a long conversation) runs off the event loop
-            handle = await anyio.to_thread.run_sync(version.service.submit, request)
+            sampling = body.sampling() | asked.sampling() | picked | _logprob_options(body)
+            for i, prompt in enumerate(prompts):
+                for k in range(body.n):
+                    seeded = sampling if body.seed is None else sampling | {"seed": (body.seed + k) % 2**63}
+                    request = ServiceRequest(prompt, seeded, chat, timeout_s, tools=asked.tools)
+                    # tokenizing (and trimming a long conversation) runs off the event loop
+                    handle = await anyio.to_thread.run_sync(version.service.submit, request)
+                    echo = _echo_text(served, prompt) if getattr(body, "echo", False) else None
+                    choices.append(Choice(len(choices), handle, i, echo))
         except Busy as error:
             metrics.busy.inc()
+            _cancel(choices)
             raise _translate(error) from None
         except EdgeLLMError as error:
+            _cancel(choices)
             raise _translate(error) from None
+        except BaseException:
+            _cancel(choices)
+            raise
         finally:  # once submitted, the service's own count keeps the version from unloading
             router.release(version)
         metrics.queue_depth.set(_queue_depth(router))
         if log_text:
-            log.debug("prompt %r", prompt)
-        return handle, answered, asked
+            log.debug("prompts %r", prompts)
+        return Submitted(choices, answered, asked, served.tokenizer)
 
     @app.get("/health")
     async def health():
@@ -317,15 +333,14 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         async def here():
-            handle, answered, asked = await submit([m.plain() for m in body.messages], body, True)
-            return await _respond(handle, answered, body, "chat.completion", request, asked)
+            return await _respond(await submit([[m.plain() for m in body.messages]], body, True), body,
+                                  "chat.completion", request)
         return await _here_or_upstream(body, request, "chat/completions", here)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         async def here():
-            handle, answered, asked = await submit(body.prompt, body, False)
-            return await _respond(handle, answered, body, "text_completion", request, asked)
+            return await _respond(await submit(body.prompt, body, False), body, "text_completion", request)
         return await _here_or_upstream(body, request, "completions", here)
 
     async def _here_or_upstream(body, request: Request, route: str, here):
@@ -372,19 +387,22 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
 
-    async def _respond(handle: Handle, answered: str, body, kind: str, request: Request, asked: Structure):
+    async def _respond(sub: Submitted, body, kind: str, request: Request):
         rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             try:  # the first event decides the status: a bad prompt is a 400, not a broken stream
-                first = await _next(handle, _ClientWatch(request))
+                first = await _next(sub.choices[0].handle, _ClientWatch(request))
             except BaseException:
-                handle.cancel()
+                _cancel(sub.choices)
                 raise
-            return StreamingResponse(_sse(handle, first, rid, kind, include_usage, asked, answered),
-                                     media_type="text/event-stream")
-        done = await _wait(handle, request)
-        return _full_response(rid, kind, done, answered, asked) | {"edgellm": _report(handle, done)}
+            return StreamingResponse(_sse(sub, first, rid, kind, include_usage), media_type="text/event-stream")
+        client = _ClientWatch(request)
+        try:
+            dones = [await _completion(c.handle, client) for c in sub.choices]
+        finally:
+            _cancel(sub.choices)
+        return full_response(rid, kind, sub.answered, sub.choices, dones, sub.asked, sub.tokenizer)
 
     async def _next(handle: Handle, client: _ClientWatch | None = None):
         """The handle's next event; a watched client that hung up meanwhile cancels it."""
@@ -399,47 +417,57 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
             if event is not None:
                 return event
 
-    async def _wait(handle: Handle, request: Request) -> Completion:
-        client = _ClientWatch(request)
-        try:
-            while True:
-                event = await _next(handle, client)
-                if isinstance(event, Completion):
-                    return event
-        finally:
-            handle.cancel()
+    async def _completion(handle: Handle, client: _ClientWatch) -> Completion:
+        while True:
+            event = await _next(handle, client)
+            if isinstance(event, Completion):
+                return event
 
-    async def _sse(handle: Handle, first, rid: str, kind: str, include_usage: bool, asked: Structure,
-                   answered: str) -> AsyncIterator[str]:
-        created = int(time.time())
-        chat = kind == "chat.completion"
-        deltas = StreamedDeltas(asked)
+    async def _sse(sub: Submitted, first, rid: str, kind: str, include_usage: bool) -> AsyncIterator[str]:
+        """The choices' events as chunks, in the order they come (each chunk names its choice)."""
+        created, chat = int(time.time()), kind == "chat.completion"
+        merged: asyncio.Queue = asyncio.Queue()
+        pumps = [asyncio.create_task(_pump(c, merged, first if c.index == 0 else None)) for c in sub.choices]
+        deltas = [StreamedDeltas(sub.asked) for _ in sub.choices]
+        dones: list[Completion | None] = [None] * len(sub.choices)
         try:
-            if chat:
-                yield _chunk(rid, created, answered, {"role": "assistant", "content": ""}, None, chat)
-            pending = first
-            while True:
-                try:
-                    event, pending = (pending, None) if pending is not None else (await _next(handle), None)
-                except APIError as error:
-                    yield f"data: {json.dumps({'error': {'message': error.message, 'type': error.kind}})}\n\n"
+            for c in sub.choices:
+                if chat:
+                    yield chunk(rid, created, sub.answered, c.index, {"role": "assistant", "content": ""}, None, chat)
+                elif c.echo:
+                    yield chunk(rid, created, sub.answered, c.index, c.echo, None, chat)
+            ended = 0
+            while ended < len(sub.choices):
+                c, event = await merged.get()
+                if isinstance(event, APIError):
+                    yield f"data: {json.dumps({'error': {'message': event.message, 'type': event.kind}})}\n\n"
                     return
                 if event is DONE:
-                    return
-                if isinstance(event, TokenEvent):
-                    for delta in deltas.push(event.text):
-                        yield _chunk(rid, created, answered, delta, None, chat)
+                    ended += 1
                     continue
-                held, finish_reason = deltas.finish(event.finish_reason)
-                for delta in deltas.push(event.tail) + held:
-                    yield _chunk(rid, created, answered, delta, None, chat)
-                yield _chunk(rid, created, answered, None, finish_reason, chat)
-                if include_usage:
-                    yield _usage_chunk(rid, created, answered, event, chat, _report(handle, event))
-                yield "data: [DONE]\n\n"
-                return
+                for line in _event_chunks(sub, c, event, deltas[c.index], rid, created, chat):
+                    yield line
+                if isinstance(event, Completion):
+                    dones[c.index] = event
+            if include_usage and all(dones):
+                yield usage_chunk(rid, created, sub.answered, sub.choices, dones, chat)
+            yield "data: [DONE]\n\n"
         finally:
-            handle.cancel()  # a disconnected client frees its slot and KV now
+            for pump in pumps:
+                pump.cancel()
+            _cancel(sub.choices)  # a disconnected client frees its slots and KV now
+
+    async def _pump(choice: Choice, merged: asyncio.Queue, first) -> None:
+        event = first
+        try:
+            while True:
+                event = event if event is not None else await _next(choice.handle)
+                await merged.put((choice, event))
+                if event is DONE:
+                    return
+                event = None
+        except APIError as error:
+            await merged.put((choice, error))
 
     return app
 
@@ -490,45 +518,44 @@ def _schedule_warmup(service: Service, metrics: Metrics, delay_s: float | None):
     return timer
 
 
-def _usage(done: Completion) -> dict:
-    t = done.timings
-    return {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
-            "total_tokens": t.prompt_tokens + t.completion_tokens}
+@dataclass
+class Submitted:
+    choices: list[Choice]
+    answered: str  # the model id the answer names
+    asked: Structure
+    tokenizer: object  # the model's: log-probabilities name its tokens
 
 
-def _full_response(rid: str, kind: str, done: Completion, model_id: str, asked: Structure) -> dict:
-    if kind == "chat.completion":
-        message, finish_reason = chat_message(done, asked)
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-    else:
-        choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": done.finish_reason}
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": model_id, "choices": [choice],
-            "usage": _usage(done)}
+def _cancel(choices: list[Choice]) -> None:
+    for c in choices:
+        c.handle.cancel()
 
 
-def _chunk(rid: str, created: int, model_id: str, content, finish_reason, chat: bool) -> str:
-    if chat:
-        delta = content if isinstance(content, dict) else ({"content": content} if content is not None else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                "choices": [choice]}
-    else:
-        text = content["content"] if isinstance(content, dict) else content or ""  # a StreamedDeltas delta
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        body = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice]}
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+def _logprob_options(body) -> dict:
+    """The generation's logprobs / prompt_logprobs from a chat or completions body."""
+    if isinstance(body, ChatRequest):
+        return {"logprobs": body.top_logprobs or 0} if body.logprobs else {}
+    if body.logprobs is None:
+        return {}
+    return {"logprobs": body.logprobs} | ({"prompt_logprobs": body.logprobs} if body.echo else {})
 
 
-def _report(handle: Handle, done: Completion) -> dict:
-    """edgellm's per-request facts, beside OpenAI's fields (clients ignore unknown ones)."""
-    plan = handle.plan
-    return {"served_by": "local", "degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
-            "kv_precision": plan.kv_precision if plan else None, "fallback_model": bool(plan and plan.fallback_model),
-            **({} if done.constraint_met is None else {"constraint_met": done.constraint_met}),
-            **done.timings.as_dict()}
+def _echo_text(model, prompt) -> str:
+    return prompt if isinstance(prompt, str) else model.tokenizer.decode(list(prompt))
 
 
-def _usage_chunk(rid: str, created: int, model_id: str, done: Completion, chat: bool, report: dict) -> str:
-    body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model_id, "choices": [], "usage": _usage(done), "edgellm": report}
-    return f"data: {json.dumps(body)}\n\n"
+def _event_chunks(sub: Submitted, c: Choice, event, deltas: StreamedDeltas, rid: str, created: int,
+                  chat: bool) -> list[str]:
+    """A choice's stream chunks for one event: a token's text (and its log-probability), or the end."""
+    if isinstance(event, TokenEvent):
+        logprobs = None if event.logprob is None else (
+            chat_logprobs(sub.tokenizer, [event.logprob]) if chat else
+            completion_logprobs(sub.tokenizer, [event.logprob]))
+        pieces = deltas.push(event.text)
+        if logprobs is not None and not pieces:
+            pieces = [{"content": ""}]  # the token's log-probability even while its text is held back
+        return [chunk(rid, created, sub.answered, c.index, d, None, chat, logprobs if i == 0 else None)
+                for i, d in enumerate(pieces)]
+    held, finish_reason = deltas.finish(event.finish_reason)
+    lines = [chunk(rid, created, sub.answered, c.index, d, None, chat) for d in deltas.push(event.tail) + held]
+    return lines + [chunk(rid, created, sub.answered, c.index, None, finish_reason, chat)]

@@ -33,6 +33,14 @@ def check_unicode(value: Any, where: str = "body") -> None:
             check_unicode(item, f"{where}[{i}]")
 
 
+MAX_CHOICES = 16  # n
+MAX_PROMPTS = 64  # prompts in one /v1/completions request
+# OpenAI fields edgellm does not do, with the values that mean "not used" (anything else is a 400)
+UNSUPPORTED = {"audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+               "web_search_options": (None,), "functions": (None,), "function_call": (None, "none"),
+               "store": (None, False), "suffix": (None, ""), "best_of": (None, 1)}
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -102,7 +110,10 @@ class _Sampling(_Lenient):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     ignore_eos: bool = False  # extension (vLLM's): generate max_tokens whatever the model says
     stop: str | list[str] | None = None
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=4096)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -114,6 +125,26 @@ class _Sampling(_Lenient):
     guided_regex: str | None = Field(default=None, max_length=10_000)
     guided_grammar: str | None = Field(default=None, max_length=100_000)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unsupported(cls, data: Any) -> Any:
+        """OpenAI fields edgellm does not do are a 400 naming them, not silence."""
+        if isinstance(data, dict):
+            for name, default in UNSUPPORTED.items():
+                if name in data and data[name] not in default:
+                    raise ValueError(f"{name}: not supported by this server")
+        return data
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias):
+        for key, value in (bias or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias keys are token ids, got {key!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
+        return bias
+
     def sampling(self) -> dict:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -122,17 +153,37 @@ class _Sampling(_Lenient):
         return dict(max_tokens=256 if limit is None else limit, temperature=self.temperature,
                     top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
                     repetition_penalty=self.repetition_penalty, seed=self.seed, stop=tuple(s for s in stop if s),
-                    ignore_eos=self.ignore_eos, **options)
+                    ignore_eos=self.ignore_eos, frequency_penalty=self.frequency_penalty,
+                    presence_penalty=self.presence_penalty,
+                    logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()}, **options)
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)  # checked by chat_messages
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
 
 
 class CompletionRequest(_Sampling):
-    prompt: str = Field(min_length=1, max_length=200_000)
+    # a text, texts, token ids or lists of token ids: one choice (n choices) per prompt
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
 
-    _clean = field_validator("prompt")(classmethod(lambda cls, v: clean_text(v)))
+    @field_validator("prompt")
+    @classmethod
+    def _prompts(cls, prompt):
+        prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else prompt
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise ValueError(f"between 1 and {MAX_PROMPTS} prompts")
+        for one in prompts:
+            if not one:
+                raise ValueError("a prompt is empty")
+            if isinstance(one, str) and len(one) > 200_000:
+                raise ValueError("a prompt is longer than 200,000 characters")
+            if isinstance(one, list) and (len(one) > 200_000 or min(one) < 0):
+                raise ValueError("token ids must be >= 0 (and at most 200,000 of them)")
+        return [clean_text(p) if isinstance(p, str) else p for p in prompts]
