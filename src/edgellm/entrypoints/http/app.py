@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import anyio
@@ -25,10 +24,13 @@ from edgellm.generation import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
 from edgellm.entrypoints.http.adapters import add_adapter_routes, model_entry, pick_adapter
 from edgellm.entrypoints.http.admin import add_admin_routes
+from edgellm.entrypoints.http.anthropic import add_anthropic_routes
+from edgellm.entrypoints.http.responses_api import add_responses_routes
 from edgellm.entrypoints.http.tokens import add_token_routes
 from edgellm.entrypoints.http.metrics import Metrics
 from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
-from edgellm.entrypoints.http.responses import (Choice, chat_logprobs, chunk, completion_logprobs, full_response,
+from edgellm.entrypoints.http.gateway import Gateway, Submitted, cancel
+from edgellm.entrypoints.http.choices import (Choice, chat_logprobs, chunk, completion_logprobs, full_response,
                                                 usage_chunk)
 from edgellm.entrypoints.http.structured import StreamedDeltas, Structure, structure
 from edgellm.entrypoints.http.upstream import Upstream, UpstreamError, allowed, mark, served_by_cloud
@@ -262,13 +264,13 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
                     choices.append(Choice(len(choices), handle, i, echo))
         except Busy as error:
             metrics.busy.inc()
-            _cancel(choices)
+            cancel(choices)
             raise _translate(error) from None
         except EdgeLLMError as error:
-            _cancel(choices)
+            cancel(choices)
             raise _translate(error) from None
         except BaseException:
-            _cancel(choices)
+            cancel(choices)
             raise
         finally:  # once submitted, the service's own count keeps the version from unloading
             router.release(version)
@@ -394,14 +396,14 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
             try:  # the first event decides the status: a bad prompt is a 400, not a broken stream
                 first = await _next(sub.choices[0].handle, _ClientWatch(request))
             except BaseException:
-                _cancel(sub.choices)
+                cancel(sub.choices)
                 raise
             return StreamingResponse(_sse(sub, first, rid, kind, include_usage), media_type="text/event-stream")
         client = _ClientWatch(request)
         try:
             dones = [await _completion(c.handle, client) for c in sub.choices]
         finally:
-            _cancel(sub.choices)
+            cancel(sub.choices)
         return full_response(rid, kind, sub.answered, sub.choices, dones, sub.asked, sub.tokenizer)
 
     async def _next(handle: Handle, client: _ClientWatch | None = None):
@@ -455,7 +457,7 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
         finally:
             for pump in pumps:
                 pump.cancel()
-            _cancel(sub.choices)  # a disconnected client frees its slots and KV now
+            cancel(sub.choices)  # a disconnected client frees its slots and KV now
 
     async def _pump(choice: Choice, merged: asyncio.Queue, first) -> None:
         event = first
@@ -469,6 +471,9 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
         except APIError as error:
             await merged.put((choice, error))
 
+    gateway = Gateway(submit=submit, next_event=_next, client_watch=_ClientWatch, api_error=APIError)
+    add_anthropic_routes(app, gateway)
+    add_responses_routes(app, gateway)
     return app
 
 
@@ -516,19 +521,6 @@ def _schedule_warmup(service: Service, metrics: Metrics, delay_s: float | None):
     timer.daemon = True
     timer.start()
     return timer
-
-
-@dataclass
-class Submitted:
-    choices: list[Choice]
-    answered: str  # the model id the answer names
-    asked: Structure
-    tokenizer: object  # the model's: log-probabilities name its tokens
-
-
-def _cancel(choices: list[Choice]) -> None:
-    for c in choices:
-        c.handle.cancel()
 
 
 def _logprob_options(body) -> dict:
