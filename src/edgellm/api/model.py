@@ -18,11 +18,11 @@ from edgellm.tokenizer.load import load_tokenizer
 from edgellm.io.gguf import GGUFFile
 from edgellm.io.pack import pack_cache_for
 from edgellm.memory import return_freed_heap
-from edgellm.errors import DraftMismatch, InvalidRequest
+from edgellm.errors import ContextOverflow, DraftMismatch, InvalidRequest, UnsupportedModel
 from edgellm.generation import Completion, GenerationEvent, SamplingParams, stream_generate
 from edgellm.generation.drafters import Drafter, DraftModel, GrammarForced, NoDraft, PromptLookup, best_self_draft, early_exit_agreement
 from edgellm.generation.generator import Generation
-from edgellm.generation.passes import prefill, prefill_chunk, verify, warm_rows
+from edgellm.generation.passes import hidden_states, prefill, prefill_chunk, verify, warm_rows
 from edgellm.generation.speculative import SpeculationCosts
 from edgellm.generation.sampling import GREEDY_BELOW, Sampler
 from edgellm.kv import KVConfig, KVManager, kv_bytes_per_token
@@ -292,6 +292,48 @@ class Model:
             seq.release()
         return scores
 
+    def embed(self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None, normalize: bool = True,
+              ) -> tuple[np.ndarray, int]:
+        """One vector per input (a text or token ids): the last layer's hidden states after the final
+        norm, pooled by `pooling` ("mean" over the tokens, "last" token, or "first"; default the
+        GGUF's pooling_type, else mean) and L2-normalized. Returns (vectors (n, hidden) fp32,
+        tokens read). Each input runs in a fresh sequence (no prefix reuse: a cached prefix holds
+        no hidden states)."""
+        pooling = pooling or self.pooling
+        if pooling not in POOLINGS:
+            raise InvalidRequest(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        vectors, read = [], 0
+        for item in inputs:
+            ids = self._ids(item)
+            if not ids:
+                raise InvalidRequest("an input to embed is empty")
+            if len(ids) > self.context_length:
+                raise ContextOverflow(len(ids), self.context_length)
+            states = self._hidden(ids)
+            vectors.append(_pool(_final_norm(self.net, states), pooling))
+            read += len(ids)
+        out = np.stack(vectors).astype(np.float32)
+        if normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out, read
+
+    @property
+    def pooling(self) -> str:
+        """The pooling the file asks for (llama.cpp's {arch}.pooling_type), else mean."""
+        arch = self.source.metadata.get("general.architecture", "")
+        return {1: "mean", 2: "first", 3: "last"}.get(self.source.metadata.get(f"{arch}.pooling_type"), "mean")
+
+    def _hidden(self, ids: list[int]) -> np.ndarray:
+        seq, _ = self.kv.new_sequence([])
+        try:
+            with inference():
+                states = hidden_states(self.net, seq, ids)
+        finally:
+            seq.release()
+        if states is None:
+            raise UnsupportedModel("embeddings need the native layers (fast mode, a family they run)")
+        return states
+
     def kv_for(self, precision: str | None = None) -> KVManager:
         """The KV manager of a precision ("int8", "f16:int4"; None: the model's default)."""
         return self.kv if precision is None else self.kv.for_precision(precision)
@@ -379,6 +421,20 @@ def _speculative_kind(kind: str | None) -> str | None:
     if kind not in SPECULATIVE:
         raise InvalidRequest(f"speculative must be one of {', '.join(SPECULATIVE)} or off, got {kind!r}")
     return kind
+
+
+POOLINGS = ("mean", "last", "first")
+
+
+def _final_norm(net, states: np.ndarray) -> np.ndarray:
+    """The model's final RMSNorm over hidden states (T, hidden)."""
+    norm = net.norm
+    x = states.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + norm.eps) * np.asarray(norm.weight, dtype=np.float64)
+
+
+def _pool(states: np.ndarray, pooling: str) -> np.ndarray:
+    return {"mean": lambda: states.mean(axis=0), "last": lambda: states[-1], "first": lambda: states[0]}[pooling]()
 
 
 def _params(sampling: dict[str, Any]) -> SamplingParams:

@@ -72,6 +72,25 @@ def prefill_scored(model: CausalLM, seq: SequenceKV, ids: Sequence[int], top: in
     return before, scored
 
 
+def hidden_states(model: CausalLM, seq: SequenceKV, ids: Sequence[int]) -> np.ndarray | None:
+    """`ids` into `seq` through the native layers: every position's last hidden state (T, hidden),
+    before the final norm; None where the model has no native decoder for them."""
+    decoder = getattr(model, "decoder", None)
+    if decoder is None:
+        return None
+    rows, out, start = decoder.piece_rows(len(ids)), [], 0
+    while start < len(ids):
+        piece = list(ids[start:start + rows])
+        seq.prepare(len(piece))
+        x = decoder.hidden_rows([(seq.layers, piece)], adapters=[getattr(seq, "adapter", None)])
+        if x is None:
+            return None
+        out.append(x.copy())
+        seq.advance(piece)
+        start += len(piece)
+    return np.concatenate(out)
+
+
 def _layers_alone(model: CausalLM, seq: SequenceKV, piece: list[int]) -> bool:
     """A prompt's piece before its last through the native layers without the head, whose logits
     nobody reads (Gemma 3's 262k-row head: ~4 ms a call); False where the native call cannot take it."""

@@ -45,6 +45,7 @@ class Service:
         self.engine = Engine()
         self._running: list[RunningRequest] = []
         self._waiting: queue.Queue = queue.Queue()
+        self._calls: queue.Queue = queue.Queue()  # work for the engine's thread (call)
         self._deferred: Handle | None = None  # planned but did not fit yet: first in line
         self._lock = threading.Lock()
         self._depth = 0  # accepted, not yet running
@@ -131,6 +132,21 @@ class Service:
             drop += 1
         raise ContextOverflow(total, model.context_length)
 
+    def call(self, work: Callable[[], Any]) -> Any:
+        """Run `work` in the engine's thread between its steps and return what it returns (or raise
+        what it raised): the native kernels serve one caller at a time, and this service's engine
+        is theirs (embeddings run this way beside the generations)."""
+        item = _Call(work)
+        with self._lock:
+            if self._stopping:
+                raise ServiceClosed("the service is closed")
+            self._calls.put(item)
+            self._waiting.put(_WAKE)  # an idle engine waits on this queue
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
     def init(self, **session_options: Any) -> Session:
         """A new session (conversation) on this service's model."""
         return Session(self, **session_options)
@@ -164,7 +180,9 @@ class Service:
     def step(self) -> None:
         """One cycle of the loop: admit waiting requests (each with its plan), schedule
         (scheduler.next_step), run (Engine.step), deliver each request's events, end what is over."""
+        self._run_calls()
         self._admit(block=not self._running)
+        self._run_calls()
         if not self._running:
             return
         step = next_step(self._running, self.step_budget)
@@ -178,6 +196,10 @@ class Service:
             self._expire(request)
         self._running = [r for r in self._running if not r.state.ended]
 
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            self._calls.get_nowait().run()
+
     def _shut_down(self) -> None:
         """Running requests end as cancelled (their KV freed), waiting ones get ServiceClosed."""
         for request in self._running:
@@ -190,8 +212,10 @@ class Service:
                 waiting.append(self._waiting.get_nowait())
             except queue.Empty:
                 break
+        while not self._calls.empty():
+            self._calls.get_nowait().fail(ServiceClosed("the service was closed before this work ran"))
         for handle in waiting:
-            if handle is not None:
+            if handle is not None and handle is not _WAKE:
                 self._fail(handle, ServiceClosed("the service was closed before this request ran"))
 
     def _admit(self, block: bool) -> None:
@@ -234,6 +258,8 @@ class Service:
             return None
         if handle is None:
             self._stopping = True
+            return None
+        if handle is _WAKE:
             return None
         with self._lock:
             self._depth -= 1
@@ -368,6 +394,29 @@ class Service:
         handle.state = RequestState.FINISHED
         handle.put(error)
         handle.put(DONE)
+
+
+_WAKE = object()  # wakes an idle engine for a call
+
+
+class _Call:
+    """Work for the engine's thread (Service.call), and its outcome."""
+
+    def __init__(self, work: Callable[[], Any]):
+        self.work, self.done = work, threading.Event()
+        self.result, self.error = None, None
+
+    def run(self) -> None:
+        try:
+            self.result = self.work()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            self.error = error
+        finally:
+            self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
 
 
 def _quietly(callback: Callable[[], None]) -> None:

@@ -26,6 +26,7 @@ from edgellm.entrypoints.http.adapters import add_adapter_routes, model_entry, p
 from edgellm.entrypoints.http.admin import add_admin_routes
 from edgellm.entrypoints.http.anthropic import add_anthropic_routes
 from edgellm.entrypoints.http.responses_api import add_responses_routes
+from edgellm.entrypoints.http.embeddings import add_embedding_routes
 from edgellm.entrypoints.http.tokens import add_token_routes
 from edgellm.entrypoints.http.metrics import Metrics
 from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
@@ -236,7 +237,8 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
 
     add_adapter_routes(app, router, api_key, api_error)
     add_admin_routes(app, router, api_key, api_error, metrics)
-    add_token_routes(app, router, lambda status, message, code: APIError(status, message, "invalid_request_error", code))
+    add_token_routes(app, router, api_error)
+    add_embedding_routes(app, router, _translate, api_error)
 
     async def submit(prompts: list, body, chat: bool) -> Submitted:
         """Each prompt's `n` choices queued (all or none: a full queue refuses the request), the

@@ -203,6 +203,24 @@ class FusedDecoder:
         or of the entries `wanted` says, in order: a prompt's piece whose logits nobody reads skips
         the head (Gemma 3's 262k rows: ~4 ms a call), none wanted is (0, V), the layers alone;
         every_row: (rows, V), each row's — or None if the caches or adapters do not fit."""
+        x = self.hidden_rows(work, adapters)
+        if x is None:
+            return None
+        if not every_row:  # only the last row of each entry wanted goes through the head
+            last = [row for row, want in zip(_last_rows(work), wanted or [True] * len(work)) if want]
+            if not last:
+                return np.empty((0, self.net.config.vocab_size), dtype=np.float32)
+            if len(last) < x.shape[0]:
+                x = x[last]
+        if self._head is not None:
+            with kernels.profiled("edgellm::head"):
+                return self._head(x)
+        return self.net.head(torch.from_numpy(x).view(x.shape[0], 1, -1))[:, 0].float().numpy()
+
+    def hidden_rows(self, work: Sequence[tuple[Sequence, Sequence[int]]], adapters: Sequence | None = None,
+                    ) -> np.ndarray | None:
+        """step_rows' layers alone: every row's last hidden state (rows, hidden), before the final
+        norm; None where the caches or adapters do not fit."""
         rows = [(layers, layers[0].offset + j, t) for layers, tokens in work for j, t in enumerate(tokens)]
         m = len(rows)
         lora = self._lora_rows(work, adapters)
@@ -224,16 +242,7 @@ class FusedDecoder:
         for layers, _, _ in rows:
             for cache in layers:
                 cache.mark_written(1)
-        if not every_row:  # only the last row of each entry wanted goes through the head
-            last = [row for row, want in zip(_last_rows(work), wanted or [True] * len(work)) if want]
-            if not last:
-                return np.empty((0, self.net.config.vocab_size), dtype=np.float32)
-            if len(last) < m:
-                x = x[last]
-        if self._head is not None:
-            with kernels.profiled("edgellm::head"):
-                return self._head(x)
-        return self.net.head(torch.from_numpy(x).view(x.shape[0], 1, -1))[:, 0].float().numpy()
+        return x
 
     def _embed(self, tokens: list[int]) -> np.ndarray:
         """The rows' embeddings (m, hidden) fp32, scaled: GGUF rows dequantized in C, straight from
