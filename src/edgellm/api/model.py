@@ -1,6 +1,7 @@
 """The Python API: `Model` (made by `edgellm.load`, api/loader.py): generate / stream / chat."""
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -84,12 +85,14 @@ class Model:
         self.net = build_model(source, self.tokenizer.vocab_size, mode, packed, context_length)
         if packed is not None:
             packed.save_behind()
+        fingerprint = weights_fingerprint(source)
         source.drop_pages()
         self.config = self.net.config
         self.context_length = min(context_length or self.config.context_length, self.config.context_length)
         self.info = describe(source)
-        # The salt keeps cached prefixes of one model file from ever serving another.
-        salt = f"{self.info.name}|{self.info.file_bytes}|{mode}"
+        # The salt keeps cached prefixes (and saved KV files) of one model from ever serving another,
+        # even a fine-tune of the same name and size.
+        salt = f"{self.info.name}|{self.info.file_bytes}|{fingerprint}|{mode}"
         self.kv = KVManager(self.net.cache_specs(), kv or KVConfig.for_mode(mode), self.context_length, salt=salt)
         self._message_overhead: int | None = None
         # LoRA adapters over this base, picked per generation (adapter=NAME); int8 rows where the native layers read them
@@ -360,12 +363,14 @@ class Model:
 
     # -- the prefix cache's disk tier ------------------------------------------------------
 
-    def save_prefix(self, prompt: str | Sequence[int] | Sequence[Message], path: str | Path) -> int:
-        """Compute a prompt's KV (a system prompt, a document) and save it; returns the
-        number of tokens saved (whole blocks). Needs the prefix cache (on unless prefix_cache_bytes=0)."""
+    def save_prefix(self, prompt: str | Sequence[int] | Sequence[Message], path: str | Path,
+                    note: str | None = None) -> int:
+        """Compute a prompt's KV (a system prompt, a document, a conversation so far) and save it;
+        returns the number of tokens saved (whole blocks). Needs the prefix cache (on unless
+        prefix_cache_bytes=0). `note`: text kept in the file (kv.persist.saved_note)."""
         ids = self._ids(prompt)
         last_completion(self._stream_ids(ids, {"max_tokens": 0}))  # prefill; finished blocks are remembered
-        return save_prefix(self.kv, ids, path)
+        return save_prefix(self.kv, ids, path, note)
 
     def load_prefix(self, path: str | Path) -> int:
         """Load a saved prefix into the prefix cache; later prompts starting with it skip its
@@ -424,6 +429,21 @@ def _speculative_kind(kind: str | None) -> str | None:
 
 
 POOLINGS = ("mean", "last", "first")
+FINGERPRINT_BYTES = 4096
+
+
+def weights_fingerprint(source) -> str:
+    """A digest of each tensor's first and last 4 KiB (a few MB of reads for a whole GGUF): two files
+    of one name and size but other weights differ in it. "" for other sources."""
+    if not isinstance(source, GGUFFile):
+        return ""
+    digest = hashlib.sha256()
+    for name in sorted(source.tensors):
+        raw = source.raw(name)
+        digest.update(name.encode())
+        digest.update(raw[:FINGERPRINT_BYTES].tobytes())
+        digest.update(raw[-FINGERPRINT_BYTES:].tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _final_norm(net, states: np.ndarray) -> np.ndarray:

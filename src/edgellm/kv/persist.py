@@ -25,9 +25,10 @@ def _identity(manager: KVManager) -> dict[str, str]:
             "block_size": str(c.block_size), "layers": json.dumps(layers)}
 
 
-def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path) -> int:
+def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path, note: str | None = None) -> int:
     """Write the cached blocks covering `tokens` (run them through the model first); returns
-    how many tokens were saved. Written to a temp file and renamed: never half a file."""
+    how many tokens were saved. Written to a temp file and renamed: never half a file. `note`:
+    text kept beside them (a session's conversation), read back by saved_note."""
     if manager.prefix is None:
         raise KVStateMismatch("the prefix cache is disabled (prefix_cache_bytes = 0)")
     hashes = manager.hashes(tokens)
@@ -36,7 +37,7 @@ def save_prefix(manager: KVManager, tokens: Sequence[int], path: str | Path) -> 
         arrays = {f"{b}.{layer}.{name}": a for b, payload in enumerate(payloads)
                   for layer, parts in enumerate(manager.exported(payload)) for name, a in parts.items()}
         meta = _identity(manager) | {"tokens": json.dumps(list(tokens[:len(payloads) * manager.config.block_size])),
-                                     "blocks": str(len(payloads))}
+                                     "blocks": str(len(payloads))} | ({} if note is None else {"note": note})
         with atomic_path(path) as tmp:
             write_safetensors(tmp, arrays, metadata=meta)
     finally:
@@ -63,6 +64,15 @@ def load_prefix(manager: KVManager, path: str | Path) -> list[int]:
     for b, h in enumerate(manager.hashes(tokens)):
         manager.remember(h, [_parts(arrays, b, layer) for layer in range(len(manager.specs))])
     return tokens
+
+
+def saved_note(path: str | Path) -> str | None:
+    """The note a KV file was saved with (save_prefix)."""
+    try:
+        with SafetensorsFile(path) as f:
+            return f.metadata.get("note")
+    except (OSError, ModelFormatError, KeyError, ValueError) as e:
+        raise KVStateMismatch(f"{path}: not a readable KV file ({e})") from None
 
 
 def _parts(arrays: dict[str, np.ndarray], block: int, layer: int) -> dict[str, np.ndarray]:

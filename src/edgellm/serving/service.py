@@ -9,15 +9,18 @@ newcomer's prompt is prefilled in chunks between their steps. A request stops at
 in which its caller cancels."""
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from edgellm.serving.engine import Engine
-from edgellm.errors import Busy, ContextOverflow, InvalidRequest, OutOfMemoryBudget, ServiceClosed, type_and_stack
+from edgellm.errors import (Busy, ContextOverflow, InvalidRequest, KVStateMismatch, OutOfMemoryBudget, ServiceClosed,
+                            type_and_stack)
 from edgellm.generation import Completion, Timings
 from edgellm.serving.handle import DONE, Handle, Request
 from edgellm.memory import peak_rss_bytes
@@ -150,6 +153,15 @@ class Service:
     def init(self, **session_options: Any) -> Session:
         """A new session (conversation) on this service's model."""
         return Session(self, **session_options)
+
+    def restore(self, path: str | Path, **session_options: Any) -> Session:
+        """A session continuing the conversation Session.save wrote to `path`: its KV goes into the
+        prefix cache (KVStateMismatch for another model's or precision's file), so the next turn
+        does not compute it again."""
+        self.call(lambda: self.model.load_prefix(path))
+        session = Session(self, **session_options)
+        session.messages = _saved_messages(path)
+        return session
 
     def close(self) -> None:
         with self._lock:
@@ -417,6 +429,18 @@ class _Call:
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.done.set()
+
+
+def _saved_messages(path: str | Path) -> list[dict]:
+    from edgellm.kv.persist import saved_note
+
+    try:
+        messages = json.loads(saved_note(path) or "")
+    except ValueError:
+        messages = None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise KVStateMismatch(f"{path}: holds a prefix, not a saved conversation (Session.save)")
+    return messages
 
 
 def _quietly(callback: Callable[[], None]) -> None:

@@ -1,6 +1,8 @@
 """Sessions: what an app holds for one conversation on a shared service."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from edgellm.errors import InvalidRequest
@@ -12,8 +14,11 @@ class Submitter(Protocol):
     """What a session needs of the service (serving/service.py) it runs on."""
 
     default_timeout_s: float
+    model: Any  # the api Model it runs
 
     def submit(self, request: Request, on_done: Callable[[Handle, Completion], None] | None = None) -> Handle: ...
+
+    def call(self, work: Callable[[], Any]) -> Any: ...
 
 
 class Session:
@@ -51,6 +56,18 @@ class Session:
     def kv_bytes(self) -> int:
         """KV this session keeps between turns."""
         return self._kv.pinned_bytes(self._pins) if self._kv is not None else 0
+
+    def save(self, path: str | Path) -> int:
+        """Save the conversation so far and its KV to `path` (written whole or not at all; the
+        model's identity goes with it); Service.restore continues it, in this process or another,
+        without computing its prompt again. Returns the tokens saved (whole KV blocks)."""
+        if self.released:
+            raise InvalidRequest("this session was released")
+        messages = list(self.messages)
+        if not messages:
+            raise InvalidRequest("an empty conversation has nothing to save")
+        model = self.service.model
+        return self.service.call(lambda: model.save_prefix(messages, path, note=json.dumps(messages)))
 
     def release(self) -> int:
         """Free this session's KV now; returns the bytes freed."""

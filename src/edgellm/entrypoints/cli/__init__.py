@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health, "
                             "/metrics and the chat page")
+    serve.add_argument("--kv-dir", default=None, metavar="DIR",
+                       help="where /admin/kv saves conversations' KV (default: the cache's kv/ folder)")
     serve.add_argument("--protect-metrics", action="store_true", help="/metrics needs the API key too")
     serve.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                        help="let pages from this origin call the server (repeatable; '*' for any; default: none)")

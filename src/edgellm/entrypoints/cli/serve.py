@@ -139,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fallback = load(args.fallback_model, threads=args.threads)
     thermal = ThermalGovernor(args.thermal_source, threshold_c=args.thermal_threshold)
     app = create_app(catalog=catalog, api_key=args.api_key, thermal=thermal, upstream=_upstream(args),
-                     protect_metrics=args.protect_metrics, cors_origins=tuple(args.cors_origin),
+                     protect_metrics=args.protect_metrics, cors_origins=tuple(args.cors_origin), kv_dir=args.kv_dir,
                      queue_limit=profile.queue_limit if args.queue_limit is None else args.queue_limit,
                      timeout_s=profile.timeout_s if args.timeout is None else args.timeout, log_text=args.log_text,
                      warmup_delay_s=profile.warmup_delay_s, max_batch=profile.max_batch, fallback_model=fallback)

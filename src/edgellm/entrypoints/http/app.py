@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import anyio
@@ -22,11 +23,13 @@ from edgellm.errors import (Busy, ContextOverflow, EdgeLLMError, InvalidRequest,
                             type_and_stack)
 from edgellm.generation import Completion, TokenEvent
 from edgellm.memory import peak_rss_bytes
+from edgellm.registry import cache_dir
 from edgellm.entrypoints.http.adapters import add_adapter_routes, model_entry, pick_adapter
 from edgellm.entrypoints.http.admin import add_admin_routes
 from edgellm.entrypoints.http.anthropic import add_anthropic_routes
 from edgellm.entrypoints.http.responses_api import add_responses_routes
 from edgellm.entrypoints.http.embeddings import add_embedding_routes
+from edgellm.entrypoints.http.kv_files import add_kv_routes
 from edgellm.entrypoints.http.tokens import add_token_routes
 from edgellm.entrypoints.http.metrics import Metrics
 from edgellm.entrypoints.http.schemas import ChatRequest, CompletionRequest
@@ -146,7 +149,7 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
                api_key: str | None = None, queue_limit: int = 3, timeout_s: float = 15.0, log_text: bool = False,
                warmup_delay_s: float | None = None, thermal=None, max_batch: int = 1, start_engine: bool = True,
                fallback_model=None, upstream: Upstream | None = None, protect_metrics: bool = False,
-               cors_origins: tuple[str, ...] = ()) -> FastAPI:
+               cors_origins: tuple[str, ...] = (), kv_dir: str | Path | None = None) -> FastAPI:
     """The server of one loaded `model` (answering as `model_id`; start_engine False: the caller runs
     `app.state.service.run_forever()`), or of a `catalog` of models loaded on demand, each with its
     own engine thread (serving/router.py). `upstream`: the opt-in cloud fallback (upstream.py)."""
@@ -239,6 +242,7 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
     add_admin_routes(app, router, api_key, api_error, metrics)
     add_token_routes(app, router, api_error)
     add_embedding_routes(app, router, _translate, api_error)
+    add_kv_routes(app, router, Path(kv_dir) if kv_dir is not None else cache_dir() / "kv", api_key, api_error, _translate)
 
     async def submit(prompts: list, body, chat: bool) -> Submitted:
         """Each prompt's `n` choices queued (all or none: a full queue refuses the request), the
