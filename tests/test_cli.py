@@ -66,6 +66,23 @@ def test_chat_keeps_the_conversation(smollm2_path):
     assert prompt[2] < prompt[0] + generated[0]
 
 
+def test_chat_commands_are_never_prompts(smollm2_path, tmp_path):
+    """/help, /stats, /save, /load, /system and an unknown command go to the chat, not the model;
+    a conversation saved and loaded again continues as it would have."""
+    saved = tmp_path / "talk.kv"
+    turns = (f"What is the capital of France?\n/help\n/stats\n/save {saved}\n/reset\n/load {saved}\n"
+             "And of Italy?\n/nonsense\n/system Be brief.\n/exit\n")
+    result = edgellm("chat", "--model", str(smollm2_path), "-n", "16", input=turns)
+    assert result.returncode == 0, result.stderr
+    assert "/save FILE" in result.stderr and "decode" in result.stderr  # the help, the stats line
+    assert "saved 2 messages" in result.stderr and "loaded 2 messages" in result.stderr and saved.is_file()
+    assert "unknown command /nonsense" in result.stderr and "system prompt set" in result.stderr
+    straight = edgellm("chat", "--model", str(smollm2_path), "-n", "16",
+                       input="What is the capital of France?\nAnd of Italy?\n/exit\n")
+    answers = lambda out: [s.strip() for s in out.split("> ") if s.strip()]  # noqa: E731 (stdout: prompts and replies)
+    assert answers(result.stdout) == answers(straight.stdout) and len(answers(straight.stdout)) == 2
+
+
 def test_info_describes_both_models(smollm2_path, gemma3_path):
     out = json.loads(edgellm("info", str(smollm2_path), "--json").stdout)
     assert out["architecture"] == "llama" and out["tensor_types"]["Q4_1"] == 210

@@ -166,25 +166,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @loads_a_model
 def cmd_chat(args: argparse.Namespace) -> int:
+    from edgellm.entrypoints.cli.chat import Conversation
+
     sampling = _sampling(args) | adapter_choice(args)
     with load_model(args) as model:
-        messages = [{"role": "system", "content": args.system}] if args.system else []
-        print("chat with the model; /reset clears the conversation, /exit or Ctrl-D quits", file=sys.stderr)
+        talk = Conversation(model, args.system)
+        print("chat with the model; /help lists the commands, /exit or Ctrl-D quits", file=sys.stderr)
         while True:
             try:
                 line = input("> ")
             except EOFError:
                 print(file=sys.stderr)
                 return 0
-            if line.strip() in ("/exit", "/quit"):
-                return 0
-            if line.strip() == "/reset":
-                messages = messages[:1] if args.system else []
+            if talk.command(line):
+                if talk.ended:
+                    return 0
                 continue
             if not line.strip():
                 continue
-            messages.append({"role": "user", "content": line})
-            done = _print_stream(model.chat(messages, stream=True, **sampling))
-            messages.append({"role": "assistant", "content": done.text})
+            talk.messages.append({"role": "user", "content": line[1:] if line.startswith("//") else line})
+            done = _print_stream(model.chat(talk.messages, stream=True, **sampling))
+            talk.answered(done)
             if args.verbose:
                 print(_stats(done), file=sys.stderr)
