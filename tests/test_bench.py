@@ -155,3 +155,12 @@ def test_bench_store_times_pulls_and_hot_swaps(smollm2_path, gemma3_path):
     assert all(p["mb_per_s"] > 0 and 0 < p["download_s"] <= p["seconds"] for p in report["pull"])
     assert [s["model"] for s in report["swap"]] == ["smollm2-135m", "gemma3-270m"]
     assert all(s["load_s"] > 0 and s["canary_s"] > 0 and s["switch_s"] >= 0 for s in report["swap"])
+
+
+def test_bench_embeddings_counts_vectors_a_second(smollm2_path):
+    result = _bench("--embeddings", "-m", "smollm2-135m", "--repeat", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout)["results"][0]
+    assert row["model"] == "smollm2-135m" and row["dimensions"] == 576
+    assert row["long"]["tokens_per_text"] > row["short"]["tokens_per_text"] > 0
+    assert row["short"]["texts_per_s"] > row["long"]["texts_per_s"] > 0

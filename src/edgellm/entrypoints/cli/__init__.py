@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="random-weight models of real shapes (made once, cached): speed, load, memory and the "
                             "share of the read bandwidth, against llama.cpp (also: qwen2.5-3b, qwen2.5-7b, "
                             "llama-3.1-8b)")
+    bench.add_argument("--embeddings", action="store_true",
+                       help="embedding vectors a second (short and long texts) for each -m model")
     bench.add_argument("--store", action="store_true",
                        help="pull throughput from an HTTP server on 127.0.0.1 into an empty store, and hot-swap "
                             "times (load, canary, switch) for each -m model (e.g. -m smollm2-135m,gemma3-270m)")

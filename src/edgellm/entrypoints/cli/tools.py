@@ -68,6 +68,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                   progress=lambda line: print(line, file=sys.stderr, flush=True))
         print(json.dumps(report, indent=2) if args.json else format_footprint(report))
         return 0
+    if args.embeddings:
+        from edgellm.entrypoints.bench.embeddings import embeddings_report, format_embeddings
+
+        report = embeddings_report(models, repeat=args.repeat, threads=(args.threads or [None])[0],
+                                   progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(report, indent=2) if args.json else format_embeddings(report))
+        return 0
     if args.store:
         from edgellm.entrypoints.bench.store import format_store, store_report
 
