@@ -73,6 +73,7 @@ class Completion:
     parsed: Any = None  # the value a valid constrained output stands for (Model.generate(schema=...))
     tool_calls: list[dict] | None = None  # OpenAI tool calls the answer made (Model.chat(tools=...))
     logprobs: tuple[TokenLogprob, ...] | None = None  # each generated token's, when asked for
+    closed_early: bool = False  # a constrained JSON output the budget would have cut was closed validly
     # the prompt's tokens scored (echo): None for the first, which nothing predicts
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 

@@ -12,6 +12,7 @@ from edgellm.extras import inference
 from edgellm.errors import ContextOverflow, InvalidRequest
 from edgellm.generation.events import Completion, GenerationEvent, Timings, TokenEvent
 from edgellm.generation.drafters import Drafter
+from edgellm.generation.constrain.closing import CannotClose, closer_for
 from edgellm.generation.logprobs import TokenLogprob, token_logprob
 from edgellm.generation.passes import CausalLM, decode_step, prefill, prefill_chunk, prefill_scored
 from edgellm.generation.sampling import Sampler, SamplingParams, as_logits
@@ -19,6 +20,10 @@ from edgellm.generation.speculative import SpeculationCosts, Speculator
 from edgellm.generation.text import IncrementalDetokenizer, StopMatcher
 from edgellm.kv import KVManager
 from edgellm.memory import peak_rss_bytes, return_freed_heap
+
+CLOSE_WINDOW = 96  # tokens before the budget's end from which a JSON output's closing is worked out
+CLOSE_MARGIN = 6  # a token may open a structure whose closing is this much longer
+
 
 class Generation:
     """One sequence's generation as explicit steps (prefill, then accept one logits row at a
@@ -52,6 +57,9 @@ class Generation:
         self.completion: Completion | None = None
         self.speculator: Speculator | None = None  # decode steps check a drafter's guesses (speculate())
         self.grammar = grammar  # a constrain.GrammarState: only tokens that keep the output valid
+        self.closer = None if grammar is None else closer_for(grammar.constraint)  # JSON: closes before the budget cuts
+        self.closed_early = False
+        self.token_bytes = token_bytes
 
     @property
     def done(self) -> bool:
@@ -105,6 +113,32 @@ class Generation:
         top = self.params.logprobs
         return self.emit(token, None if top is None else token_logprob(as_logits(logits), token, top))
 
+    def _closing(self) -> list[int] | None:
+        """The tokens that end a JSON output validly, when the budget left is about what they
+        need (CLOSE_MARGIN more); None while there is room, or when no closing can be made."""
+        left = self.budget - len(self.generated)
+        if self.closer is None or left > CLOSE_WINDOW:
+            return None
+        try:
+            text = b"".join(self.token_bytes(t) for t in self.generated).decode("utf-8")
+            tokens = self.grammar.closing_tokens(self.closer.closing(text))
+        except (CannotClose, UnicodeDecodeError):
+            return None
+        return tokens if tokens is not None and left - CLOSE_MARGIN <= len(tokens) <= left else None
+
+    def _close(self, tokens: list[int]) -> list[GenerationEvent]:
+        """Take the closing tokens (the grammar checked them; the model need not compute them) and end."""
+        events: list[GenerationEvent] = []
+        for token in tokens:
+            self.grammar.consume(token)
+            self.history.append(token)
+            self.generated.append(token)
+            text = self.stops.push(self.detok.push(token))
+            self.pieces.append(text)
+            events.append(TokenEvent(token, text))
+        self.closed_early = True
+        return events + [self.finish("stop", None)]
+
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """A position's logits with what the grammar forbids next at -inf (unconstrained: as is)."""
         return logits if self.grammar is None else self.grammar.mask(logits)
@@ -130,6 +164,8 @@ class Generation:
             events.append(self.finish("stop", token, keep))
         elif len(self.generated) >= self.budget:
             events.append(self.finish("length", None))
+        elif (closing := self._closing()) is not None:
+            events += self._close(closing)
         else:
             self.next_token = token
         return events
@@ -151,11 +187,11 @@ class Generation:
         # early end): a cut (max_tokens, a timeout, a stop string) can leave an accepting prefix
         # ("12" of "128") that is not the answer.
         met = None if self.grammar is None else (keep is not None or self.grammar.satisfied and reason == "stop"
-                                                  and isinstance(stop, int))
+                                                  and (isinstance(stop, int) or self.closed_early))
         text = ("".join(self.pieces) + tail)[:keep]
         self.completion = Completion(
             reason, text, tuple(self.generated), tail, timings, stop, constraint_met=met,
-            parsed=self._parsed(text) if met else None,
+            parsed=self._parsed(text) if met else None, closed_early=self.closed_early,
             logprobs=None if self.params.logprobs is None else tuple(self.token_logprobs),
             prompt_logprobs=None if self.prompt_scores is None else tuple(self.prompt_scores))
         self.close()

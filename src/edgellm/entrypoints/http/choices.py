@@ -109,7 +109,8 @@ def report(handle: Handle, done: Completion) -> dict:
     plan = handle.plan
     return {"served_by": "local", "degraded": handle.degraded, "queue_wait_s": round(handle.queue_wait_s, 4),
             "kv_precision": plan.kv_precision if plan else None, "fallback_model": bool(plan and plan.fallback_model),
-            **({} if done.constraint_met is None else {"constraint_met": done.constraint_met}),
+            **({} if done.constraint_met is None else {"constraint_met": done.constraint_met,
+                                                        "closed_early": done.closed_early}),
             **done.timings.as_dict()}
 
 

@@ -70,6 +70,7 @@ class GrammarState:
             raise InvalidConstraint(constraint.kind, self.matcher.get_error())
         self.vocab_size = tokenizer.vocab_size
         self.end_ids = sorted(tokenizer.eos_ids)
+        self._encode = tokenizer.encode
         self._bits = allocate_token_bitmask(1, self.vocab_size)
         self.taken: list[int] = []  # tokens consumed
         self.mask_s = 0.0  # seconds spent masking (Timings.mask_s)
@@ -149,6 +150,16 @@ class GrammarState:
         """How many of `tokens`, in order, the grammar would take from here."""
         self._settle()
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0
+
+    def closing_tokens(self, text: str) -> list[int] | None:
+        """`text`'s tokens if the grammar takes them from here and may end after them, else None."""
+        self._settle()
+        ids = self._encode(text, add_special_tokens=False)
+        trial = self.matcher.deep_copy()
+        if trial.validate_tokens(ids) != len(ids):
+            return None
+        trial.consume_tokens(ids)
+        return ids if trial.is_accepting() else None
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next whatever the model says (a JSON key after `{"`)."""
