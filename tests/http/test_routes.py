@@ -46,7 +46,13 @@ def test_tokenize_and_detokenize_round_trip(server, served_model):
     assert with_bos == served_model.tokenizer.encode(text, add_special_tokens=True)
     pieces = post(server, "/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
     assert [p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == text
-    assert post(server, "/detokenize", {"tokens": ids}).json() == {"content": text}
+    assert post(server, "/detokenize", {"tokens": ids}).json() == {"content": text, "prompt": text}
+    vllm = post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]  # vLLM's names
+    assert vllm == ids
+    assert post(server, "/tokenize", {"content": "a", "prompt": "b"}).status_code == 400
+    info = httpx.get(server.url + "/tokenizer_info").json()
+    assert info["eos_token"] == served_model.tokenizer.id_to_token(min(served_model.tokenizer.eos_ids))
+    assert info["chat_template"] == served_model.template.source and info["vocab_size"] == served_model.tokenizer.vocab_size
     bad = post(server, "/detokenize", {"tokens": [10**9]})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_token"
     assert post(server, "/tokenize", {"content": "x", "model": "nope"}).status_code == 404

@@ -18,8 +18,9 @@ a line starting with // is sent as a message starting with /"""
 
 
 class Conversation:
-    def __init__(self, model, system: str | None = None):
-        self.model, self.ended, self.last = model, False, None
+    def __init__(self, model, system: str | None = None, stats: Callable[[object], str] = str):
+        """`stats`: an answer's statistics line (generate.py's, which runs the chat)."""
+        self.model, self.ended, self.last, self.stats = model, False, None, stats
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
         self.commands: dict[str, Callable[[str], None]] = {
             "/help": lambda _: _say(HELP), "/system": self._system, "/reset": self._reset, "/save": self._save,
@@ -76,9 +77,7 @@ class Conversation:
         _say(f"loaded {len(messages)} messages and the KV of {tokens} tokens")
 
     def _stats(self, _: str) -> None:
-        from edgellm.entrypoints.cli.generate import _stats
-
-        _say(_stats(self.last) if self.last is not None else "no answer yet")
+        _say(self.stats(self.last) if self.last is not None else "no answer yet")
 
     def _exit(self, _: str) -> None:
         self.ended = True

@@ -170,7 +170,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     sampling = _sampling(args) | adapter_choice(args)
     with load_model(args) as model:
-        talk = Conversation(model, args.system)
+        talk = Conversation(model, args.system, _stats)
         print("chat with the model; /help lists the commands, /exit or Ctrl-D quits", file=sys.stderr)
         while True:
             try:

@@ -16,7 +16,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edgellm.errors import (Busy, ContextOverflow, EdgeLLMError, InvalidRequest, ModelNotFound, OutOfMemoryBudget,
@@ -76,6 +76,8 @@ def _translate(error: BaseException) -> APIError:
     return APIError(500, "internal error", "server_error")
 
 
+UI = Path(__file__).parent / "ui"  # the chat page at /: static files, no build step, nothing from a CDN
+UI_FILES = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 WARMUP_MIN_AVAILABLE = 512 * 2**20  # skip warmup when the device has less free memory than this
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming response checks its client is still there
 
@@ -284,6 +286,17 @@ def create_app(model=None, *, model_id: str | None = None, catalog: Catalog | No
         if log_text:
             log.debug("prompts %r", prompts)
         return Submitted(choices, answered, asked, served.tokenizer)
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page():
+        return FileResponse(UI / "index.html", media_type="text/html")
+
+    @app.get("/ui/{name}", include_in_schema=False)
+    async def chat_page_file(name: str):
+        kind = UI_FILES.get(name)
+        if kind is None:
+            raise APIError(404, f"no page file {name!r}", "invalid_request_error")
+        return FileResponse(UI / name, media_type=kind)
 
     @app.get("/health")
     async def health():
