@@ -13,11 +13,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field, ValidationError
 
-from edgellm.entrypoints.http.gateway import Gateway, cancel
+from edgellm.entrypoints.http.gateway import Gateway, cancel, streamed_deltas, whole_answer
 from edgellm.entrypoints.http.schemas import ChatRequest, _Lenient
-from edgellm.entrypoints.http.structured import StreamedDeltas, chat_message
-from edgellm.generation import Completion, TokenEvent
-from edgellm.serving.handle import DONE
+from edgellm.entrypoints.http.structured import chat_message
+from edgellm.generation import Completion
 
 # HTTP status -> Anthropic's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -164,12 +163,9 @@ def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
                 return JSONResponse(error_body(error.status, error.message), status_code=error.status)
             return StreamingResponse(_events(gateway, sub, first, mid), media_type="text/event-stream")
         try:
-            while not isinstance(event := await gateway.next_event(handle, client), Completion):
-                pass
+            event = await whole_answer(gateway, sub, client)
         except APIError as error:
             return JSONResponse(error_body(error.status, error.message), status_code=error.status)
-        finally:
-            cancel(sub.choices)
         message, finish_reason = chat_message(event, sub.asked)
         reason, sequence = stop_reason(event, finish_reason)
         return {"id": mid, "type": "message", "role": "assistant", "model": sub.answered,
@@ -191,40 +187,28 @@ def _sse(kind: str, data: dict) -> str:
 
 async def _events(gateway: Gateway, sub, first, mid: str) -> AsyncIterator[str]:
     """The engine's events as Anthropic's stream: a text block, then a tool_use block per call."""
-    handle, deltas = sub.choices[0].handle, StreamedDeltas(sub.asked)
     blocks = _Blocks()
     yield _sse("message_start", {"message": {"id": mid, "type": "message", "role": "assistant",
                                              "model": sub.answered, "content": [], "stop_reason": None,
-                                             "stop_sequence": None,
-                                             "usage": {"input_tokens": len(handle.prompt_ids), "output_tokens": 0}}})
+                                             "stop_sequence": None, "usage": {
+                                                 "input_tokens": len(sub.choices[0].handle.prompt_ids),
+                                                 "output_tokens": 0}}})
     yield _sse("ping", {})
-    event = first
     try:
-        while True:
-            event = event if event is not None else await gateway.next_event(handle)
-            if event is DONE:
-                return
-            if isinstance(event, TokenEvent):
-                for delta in deltas.push(event.text):
-                    for line in blocks.delta(delta):
-                        yield line
-                event = None
-                continue
-            held, finish_reason = deltas.finish(event.finish_reason)
-            for delta in deltas.push(event.tail) + held:
+        async for delta, end in streamed_deltas(gateway, sub, first):
+            if end is None:
                 for line in blocks.delta(delta):
                     yield line
+                continue
+            done, finish_reason = end
             for line in blocks.close():
                 yield line
-            reason, sequence = stop_reason(event, finish_reason)
+            reason, sequence = stop_reason(done, finish_reason)
             yield _sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                         "usage": {"output_tokens": event.timings.completion_tokens}})
+                                         "usage": {"output_tokens": done.timings.completion_tokens}})
             yield _sse("message_stop", {})
-            return
     except gateway.api_error as error:
         yield _sse("error", error_body(error.status, error.message))
-    finally:
-        cancel(sub.choices)
 
 
 class _Blocks:

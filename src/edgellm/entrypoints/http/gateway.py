@@ -5,10 +5,12 @@ chat route's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from edgellm.entrypoints.http.choices import Choice
-from edgellm.entrypoints.http.structured import Structure
+from edgellm.entrypoints.http.structured import StreamedDeltas, Structure
+from edgellm.generation import Completion, TokenEvent
+from edgellm.serving.handle import DONE
 
 
 @dataclass
@@ -30,3 +32,37 @@ class Gateway:
 def cancel(choices: list[Choice]) -> None:
     for c in choices:
         c.handle.cancel()
+
+
+async def whole_answer(gateway: Gateway, sub: Submitted, client) -> Completion:
+    """The first choice's Completion, waited for (a client that hangs up cancels it)."""
+    try:
+        while not isinstance(event := await gateway.next_event(sub.choices[0].handle, client), Completion):
+            pass
+        return event
+    finally:
+        cancel(sub.choices)
+
+
+async def streamed_deltas(gateway: Gateway, sub: Submitted, first) -> AsyncIterator[tuple[dict | None, Any]]:
+    """The first choice's answer as chat deltas (content, tool call starts, their arguments), each as
+    (delta, None), then (None, (its Completion, the finish_reason to report)). The server's APIError
+    of a failure goes up; the handle is cancelled when the consumer stops."""
+    handle, deltas, event = sub.choices[0].handle, StreamedDeltas(sub.asked), first
+    try:
+        while True:
+            event = event if event is not None else await gateway.next_event(handle)
+            if event is DONE:
+                return
+            if isinstance(event, TokenEvent):
+                for delta in deltas.push(event.text):
+                    yield delta, None
+                event = None
+                continue
+            held, finish_reason = deltas.finish(event.finish_reason)
+            for delta in deltas.push(event.tail) + held:
+                yield delta, None
+            yield None, (event, finish_reason)
+            return
+    finally:
+        cancel(sub.choices)

@@ -15,11 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field, ValidationError
 
-from edgellm.entrypoints.http.gateway import Gateway, cancel
+from edgellm.entrypoints.http.gateway import Gateway, cancel, streamed_deltas, whole_answer
 from edgellm.entrypoints.http.schemas import ChatRequest, _Lenient
-from edgellm.entrypoints.http.structured import StreamedDeltas, chat_message
-from edgellm.generation import Completion, TokenEvent
-from edgellm.serving.handle import DONE
+from edgellm.entrypoints.http.structured import chat_message
+from edgellm.generation import Completion
 
 
 class ResponsesRequest(_Lenient):
@@ -179,12 +178,9 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
                 return _error(error.status, error.message, error.code)
             return StreamingResponse(_events(gateway, sub, shape, first), media_type="text/event-stream")
         try:
-            while not isinstance(event := await gateway.next_event(handle, client), Completion):
-                pass
+            event = await whole_answer(gateway, sub, client)
         except APIError as error:
             return _error(error.status, error.message, error.code)
-        finally:
-            cancel(sub.choices)
         message, finish_reason = chat_message(event, sub.asked)
         return shape.response(_status(finish_reason), shape.output(message), event)
 
@@ -202,7 +198,7 @@ def _problem(problem: Exception) -> str:
 
 
 async def _events(gateway: Gateway, sub, shape: _Shape, first) -> AsyncIterator[str]:
-    handle, deltas, seq = sub.choices[0].handle, StreamedDeltas(sub.asked), [0]
+    seq = [0]
 
     def sse(kind: str, data: dict) -> str:
         seq[0] += 1
@@ -211,31 +207,20 @@ async def _events(gateway: Gateway, sub, shape: _Shape, first) -> AsyncIterator[
     stream = _Output(shape, sse)
     yield sse("response.created", {"response": shape.response("in_progress", [])})
     yield sse("response.in_progress", {"response": shape.response("in_progress", [])})
-    event = first
     try:
-        while True:
-            event = event if event is not None else await gateway.next_event(handle)
-            if event is DONE:
-                return
-            if isinstance(event, TokenEvent):
-                for delta in deltas.push(event.text):
-                    for line in stream.delta(delta):
-                        yield line
-                event = None
-                continue
-            held, finish_reason = deltas.finish(event.finish_reason)
-            for delta in deltas.push(event.tail) + held:
+        async for delta, end in streamed_deltas(gateway, sub, first):
+            if end is None:
                 for line in stream.delta(delta):
                     yield line
+                continue
+            done, finish_reason = end
             for line in stream.close():
                 yield line
-            kind = "response.completed" if _status(finish_reason) == "completed" else "response.incomplete"
-            yield sse(kind, {"response": shape.response(_status(finish_reason), stream.items, event)})
-            return
+            status = _status(finish_reason)
+            kind = "response.completed" if status == "completed" else "response.incomplete"
+            yield sse(kind, {"response": shape.response(status, stream.items, done)})
     except gateway.api_error as error:
         yield sse("error", {"code": error.code, "message": error.message, "param": None})
-    finally:
-        cancel(sub.choices)
 
 
 class _Output:
