@@ -11,10 +11,10 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from edgellm.entrypoints.http.gateway import Gateway, cancel, streamed_deltas, whole_answer
-from edgellm.entrypoints.http.schemas import ChatRequest, _Lenient
+from edgellm.entrypoints.http.gateway import Gateway, streamed_deltas, translated
+from edgellm.entrypoints.http.schemas import _Lenient
 from edgellm.entrypoints.http.structured import chat_message
 from edgellm.generation import Completion
 
@@ -139,46 +139,24 @@ def content_blocks(message: dict) -> list[dict]:
 
 
 def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
-    APIError = gateway.api_error
-
     @app.post("/v1/messages")
     async def messages(request: Request):
-        try:
-            body = MessagesRequest.model_validate(await request.json())
-            chat = ChatRequest.model_validate(to_chat(body))
-        except (ValidationError, ValueError) as problem:
-            return JSONResponse(error_body(400, _message(problem)), status_code=400)
-        try:
-            sub = await gateway.submit([[m.plain() for m in chat.messages]], chat, True)
-        except APIError as error:
-            return JSONResponse(error_body(error.status, error.message), status_code=error.status, headers=error.headers)
+        got = await translated(gateway, request, MessagesRequest.model_validate, to_chat, _error)
+        if isinstance(got, JSONResponse):
+            return got
         mid = "msg_" + uuid.uuid4().hex[:24]
-        handle = sub.choices[0].handle
-        client = gateway.client_watch(request)
-        if body.stream:
-            try:
-                first = await gateway.next_event(handle, client)
-            except APIError as error:
-                cancel(sub.choices)
-                return JSONResponse(error_body(error.status, error.message), status_code=error.status)
-            return StreamingResponse(_events(gateway, sub, first, mid), media_type="text/event-stream")
-        try:
-            event = await whole_answer(gateway, sub, client)
-        except APIError as error:
-            return JSONResponse(error_body(error.status, error.message), status_code=error.status)
-        message, finish_reason = chat_message(event, sub.asked)
-        reason, sequence = stop_reason(event, finish_reason)
-        return {"id": mid, "type": "message", "role": "assistant", "model": sub.answered,
+        if got.body.stream:
+            return StreamingResponse(_events(gateway, got.sub, got.first, mid), media_type="text/event-stream")
+        message, finish_reason = chat_message(got.done, got.sub.asked)
+        reason, sequence = stop_reason(got.done, finish_reason)
+        return {"id": mid, "type": "message", "role": "assistant", "model": got.sub.answered,
                 "content": content_blocks(message), "stop_reason": reason, "stop_sequence": sequence,
-                "usage": {"input_tokens": event.timings.prompt_tokens, "output_tokens": event.timings.completion_tokens}}
+                "usage": {"input_tokens": got.done.timings.prompt_tokens,
+                          "output_tokens": got.done.timings.completion_tokens}}
 
 
-def _message(problem: Exception) -> str:
-    if isinstance(problem, ValidationError):
-        first = problem.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return f"{where + ': ' if where else ''}{str(first.get('msg', 'bad value')).removeprefix('Value error, ')}"
-    return str(problem)
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
 
 
 def _sse(kind: str, data: dict) -> str:

@@ -7,7 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
 from edgellm.entrypoints.http.choices import Choice
+from edgellm.entrypoints.http.schemas import ChatRequest
 from edgellm.entrypoints.http.structured import StreamedDeltas, Structure
 from edgellm.generation import Completion, TokenEvent
 from edgellm.serving.handle import DONE
@@ -66,3 +70,47 @@ async def streamed_deltas(gateway: Gateway, sub: Submitted, first) -> AsyncItera
             return
     finally:
         cancel(sub.choices)
+
+
+@dataclass
+class Translated:
+    """A request of another API, queued as a chat request: its own body, what was submitted, and
+    the first event of a stream (`first`) or the whole answer (`done`)."""
+    body: Any
+    sub: Submitted
+    first: Any = None
+    done: Completion | None = None
+
+
+async def translated(gateway: Gateway, request, parse: Callable[[dict], Any], to_chat: Callable[[Any], dict],
+                     error: Callable[[int, str, str | None], JSONResponse]) -> Translated | JSONResponse:
+    """Parse another API's body, queue it as the chat request `to_chat` makes, and wait for the first
+    event (streams) or the answer; any failure is `error(status, message, code)` in that API's shape."""
+    try:
+        body = parse(await request.json())
+        chat = ChatRequest.model_validate(to_chat(body))
+    except (ValidationError, ValueError) as problem:
+        return error(400, validation_message(problem), None)
+    try:
+        sub = await gateway.submit([[m.plain() for m in chat.messages]], chat, True)
+    except gateway.api_error as failure:  # a full queue's Retry-After goes along
+        response = error(failure.status, failure.message, failure.code)
+        response.headers.update(failure.headers)
+        return response
+    client = gateway.client_watch(request)
+    try:
+        if body.stream:
+            return Translated(body, sub, first=await gateway.next_event(sub.choices[0].handle, client))
+        return Translated(body, sub, done=await whole_answer(gateway, sub, client))
+    except gateway.api_error as failure:
+        cancel(sub.choices)
+        return error(failure.status, failure.message, failure.code)
+
+
+def validation_message(problem: Exception) -> str:
+    """A bad body's first problem, named where it is."""
+    if isinstance(problem, ValidationError):
+        first = problem.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{where + ': ' if where else ''}{str(first.get('msg', 'bad value')).removeprefix('Value error, ')}"
+    return str(problem)

@@ -13,10 +13,10 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from edgellm.entrypoints.http.gateway import Gateway, cancel, streamed_deltas, whole_answer
-from edgellm.entrypoints.http.schemas import ChatRequest, _Lenient
+from edgellm.entrypoints.http.gateway import Gateway, streamed_deltas, translated
+from edgellm.entrypoints.http.schemas import _Lenient
 from edgellm.entrypoints.http.structured import chat_message
 from edgellm.generation import Completion
 
@@ -155,46 +155,20 @@ class _Shape:
 
 
 def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
-    APIError = gateway.api_error
-
     @app.post("/v1/responses")
     async def responses(request: Request):
-        try:
-            body = ResponsesRequest.model_validate(await request.json())
-            chat = ChatRequest.model_validate(to_chat(body))
-        except (ValidationError, ValueError) as problem:
-            return _error(400, _problem(problem))
-        try:
-            sub = await gateway.submit([[m.plain() for m in chat.messages]], chat, True)
-        except APIError as error:
-            return _error(error.status, error.message, error.code)
-        shape, handle = _Shape(body, sub.answered), sub.choices[0].handle
-        client = gateway.client_watch(request)
-        if body.stream:
-            try:
-                first = await gateway.next_event(handle, client)
-            except APIError as error:
-                cancel(sub.choices)
-                return _error(error.status, error.message, error.code)
-            return StreamingResponse(_events(gateway, sub, shape, first), media_type="text/event-stream")
-        try:
-            event = await whole_answer(gateway, sub, client)
-        except APIError as error:
-            return _error(error.status, error.message, error.code)
-        message, finish_reason = chat_message(event, sub.asked)
-        return shape.response(_status(finish_reason), shape.output(message), event)
+        got = await translated(gateway, request, ResponsesRequest.model_validate, to_chat, _error)
+        if isinstance(got, JSONResponse):
+            return got
+        shape = _Shape(got.body, got.sub.answered)
+        if got.body.stream:
+            return StreamingResponse(_events(gateway, got.sub, shape, got.first), media_type="text/event-stream")
+        message, finish_reason = chat_message(got.done, got.sub.asked)
+        return shape.response(_status(finish_reason), shape.output(message), got.done)
 
 
 def _status(finish_reason: str) -> str:
     return "incomplete" if finish_reason in ("length", "timeout") else "completed"
-
-
-def _problem(problem: Exception) -> str:
-    if isinstance(problem, ValidationError):
-        first = problem.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return f"{where + ': ' if where else ''}{str(first.get('msg', 'bad value')).removeprefix('Value error, ')}"
-    return str(problem)
 
 
 async def _events(gateway: Gateway, sub, shape: _Shape, first) -> AsyncIterator[str]:
